@@ -1,0 +1,69 @@
+"""The core's own exceptions; `cli.py` turns each into one line on stderr and an exit code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class OtakuError(Exception):
+    """Base of every error the core raises on purpose (bad input, bad config, refusal)."""
+
+    exit_code = 1
+
+
+class StoryError(OtakuError):
+    """A story (or card) file that cannot be read: names the file, the line, and what is wrong."""
+
+    def __init__(self, path: Path | str, line: int | None, message: str) -> None:
+        self.path = Path(path)
+        self.line = line
+        self.message = message
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line else f"{self.path}"
+        return f"{where}: {self.message}"
+
+
+class ConfigError(OtakuError):
+    """A config file or setting that is wrong: names the file (or flag), the key, what was expected."""
+
+    def __init__(self, source: str, key: str | None, message: str) -> None:
+        self.source = source
+        self.key = key
+        self.message = message
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = f"{self.source}: {self.key}" if self.key else self.source
+        return f"{where}: {self.message}"
+
+
+class TemplateError(OtakuError):
+    """A context template that does not compile or render: names the template, line and column."""
+
+    def __init__(self, name: str, line: int | None, column: int | None, message: str) -> None:
+        self.name = name
+        self.line = line
+        self.column = column
+        self.message = message
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = self.name
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        return f"{where}: {self.message}"
+
+
+class ContextOverflow(OtakuError):
+    """Case 6: nothing fits the window. Carries the assembler's refusal (an `Assembly`)."""
+
+    exit_code = 3
+
+    def __init__(self, assembly: object, message: str) -> None:
+        self.assembly = assembly
+        self.message = message
+        super().__init__(message)

@@ -1,0 +1,101 @@
+"""The story as plain, frozen data: what every reader produces and the assembler consumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+Role = Literal["user", "assistant", "system"]
+ROLES: tuple[str, ...] = ("user", "assistant", "system")
+
+
+@dataclass(frozen=True)
+class Card:
+    """A character joining the story (Tavern card fields, all optional but the name)."""
+
+    name: str
+    description: str = ""
+    personality: str = ""
+    scenario: str = ""
+    example_dialogue: str = ""
+    first_message: str = ""
+    system_prompt: str = ""
+    post_history_instructions: str = ""
+    creator_notes: str = ""
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Message:
+    """One numbered message of the story (1..N). A card is a message too: `card` is set."""
+
+    number: int
+    role: Role
+    content: str
+    name: str | None = None
+    card: Card | None = None
+    line: int | None = None  # where it stood in the source file, for errors
+
+    @property
+    def is_card(self) -> bool:
+        return self.card is not None
+
+
+@dataclass(frozen=True)
+class Scene:
+    """Messages `start`..`end` (inclusive). `summary` tells this scene only;
+    `history` is the story so far *through* this scene."""
+
+    order: int  # 1-based position among the scenes, by start
+    start: int
+    end: int
+    id: int | str | None = None
+    title: str = ""
+    summary: str = ""
+    history: str = ""
+    line: int | None = None
+
+    @property
+    def ref(self) -> int | str:
+        """The scene's id as users see it: its `id`, or its 1-based order when it has none."""
+        return self.id if self.id is not None else self.order
+
+    def holds(self, number: int) -> bool:
+        return self.start <= number <= self.end
+
+
+@dataclass(frozen=True)
+class StoryInfo:
+    """What a story says about itself, beyond messages: fills template variables."""
+
+    title: str = ""
+    user: str = ""  # the user's persona name
+    persona: str = ""  # the persona's description
+    scenario: str = ""
+    instructions: str = ""
+    current_date: str = ""
+    story_so_far: str = ""
+
+
+@dataclass(frozen=True)
+class Story:
+    """A whole story. `system` is the leading system message (not numbered)."""
+
+    path: Path
+    messages: tuple[Message, ...]
+    scenes: tuple[Scene, ...] = ()
+    system: str = ""
+    info: StoryInfo = field(default_factory=StoryInfo)
+    hidden: int = 0  # source rows that never reach the prompt (e.g. SillyTavern hidden messages)
+    source_format: str = "native"
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def message(self, number: int) -> Message:
+        return self.messages[number - 1]
+
+    @property
+    def cards(self) -> tuple[Message, ...]:
+        return tuple(m for m in self.messages if m.card is not None)
