@@ -70,12 +70,14 @@ class StoryInfo:
     """What a story says about itself, beyond messages: fills template variables."""
 
     title: str = ""
-    user: str = ""  # the user's persona name
+    user: str = ""  # the user's persona name ({{user}})
+    char: str = ""  # the main character's name ({{char}}); else the first card's name
     persona: str = ""  # the persona's description
     scenario: str = ""
     instructions: str = ""
     current_date: str = ""
     story_so_far: str = ""
+    cast: tuple[Card, ...] = ()  # characters the story knows of that never joined as a card message
 
 
 @dataclass(frozen=True)
