@@ -1,0 +1,460 @@
+"""The context assembler: otaku's six cases (seed 001), as ARCHITECTURE.md states them.
+
+Read it beside the design: `head` (case 1's verbatim opening), `covered_chain` (case 3's
+summarised middle), `tail`, cards before their scene's summary (the message-47 example),
+`_levels` (case 4: a scene's history stands in for the summaries up to it, cards float),
+`_rungs` (case 5: the tail target drops 150 → 100 → 50), and `_refuse` (case 6).
+
+`assemble()` is pure: no I/O, no printing. What a part costs in the prompt is asked of a
+`Pricer`, which knows the template and format; the assembler adds those costs up (never
+re-rendering the prompt per candidate) and asks the pricer for the exact count only of the
+candidate that fits, so the emitted prompt is ≤ the limit to the token.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol
+
+from .model import Message, Scene, Story
+
+PartKind = Literal["message", "card", "summary", "history"]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The numbers of the seed that shape a prompt (the `[context]` settings)."""
+
+    head: int = 20
+    min_tail: int = 150
+    tail_step: int = 50
+    tail_floor: int = 50
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of the prompt after the system message: a message or card verbatim, a scene's
+    summary, or a scene's history (the story so far through that scene)."""
+
+    kind: PartKind
+    message: Message | None = None
+    scene: Scene | None = None
+
+
+class Pricer(Protocol):
+    """What the assembler needs to know about rendering, in tokens."""
+
+    def fixed(self) -> int:
+        """Tokens every prompt has whatever its parts: system message, template preamble, open turn."""
+        ...
+
+    def part(self, part: Part) -> int:
+        """Tokens one part adds to the prompt (its text plus the wrapping it gets)."""
+        ...
+
+    def exact(self, assembly: Assembly) -> int:
+        """Tokens of the prompt actually emitted for this assembly."""
+        ...
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Case 6: why nothing fits, and what would."""
+
+    smallest: int  # tokens of the smallest prompt reached
+    limit: int
+    reserve: int
+    missing_summaries: tuple[int | str, ...] = ()
+    missing_histories: tuple[int | str, ...] = ()
+
+    @property
+    def needed_context(self) -> int:
+        """The context (window or max_context) that would fit the smallest prompt and the reserve."""
+        return self.smallest + self.reserve
+
+    def explain(self) -> str:
+        text = (
+            f"nothing fits: the smallest prompt reached is {self.smallest:,} tokens, "
+            f"but the limit is {self.limit:,} (context minus a {self.reserve:,}-token reply reserve). "
+            f"A context of at least {self.needed_context:,} tokens would fit it: raise --window or max_context"
+        )
+        missing = []
+        if self.missing_summaries:
+            missing.append("scenes without a summary: " + ", ".join(map(str, self.missing_summaries)))
+        if self.missing_histories:
+            missing.append("scenes without a history: " + ", ".join(map(str, self.missing_histories)))
+        if missing:
+            text += "; or fill in what stands in the way (" + "; ".join(missing) + ")"
+        return text + "."
+
+
+@dataclass(frozen=True)
+class Assembly:
+    """The plan of one prompt and the trace of how it was chosen."""
+
+    case: int  # 1–6
+    messages: int  # N
+    limit: int
+    reserve: int
+    head: tuple[Message, ...] = ()
+    recap: tuple[Part, ...] = ()  # floated cards, history, then cards + summaries, in order
+    tail: tuple[Message, ...] = ()
+    tail_target: int = 0
+    level: int = 0  # 0 = all summaries; k = scene k's history stands in for summaries 1..k
+    tokens: int = 0  # the emitted prompt's count (exact), or the smallest reached on refusal
+    steps: tuple[str, ...] = ()
+    refusal: Refusal | None = None
+    costs: dict[str, int] = field(default_factory=dict, compare=False)  # tokens by section
+
+    @property
+    def parts(self) -> tuple[Part, ...]:
+        """Every part in prompt order (the system message is the pricer's fixed cost)."""
+        head = tuple(Part("card" if m.is_card else "message", message=m) for m in self.head)
+        tail = tuple(Part("card" if m.is_card else "message", message=m) for m in self.tail)
+        return head + self.recap + tail
+
+    @property
+    def history(self) -> Scene | None:
+        return next((p.scene for p in self.recap if p.kind == "history"), None)
+
+    @property
+    def summaries(self) -> tuple[Scene, ...]:
+        return tuple(p.scene for p in self.recap if p.kind == "summary" and p.scene)
+
+    @property
+    def floated_cards(self) -> tuple[Message, ...]:
+        """Cards that float before the history (case 4): those before the history part."""
+        floated: list[Message] = []
+        for p in self.recap:
+            if p.kind == "history":
+                return tuple(floated)
+            if p.message:
+                floated.append(p.message)
+        return ()
+
+
+# ── Case 1: the head ─────────────────────────────────────────────────────────────────────
+
+
+def head(story: Story, shape: Shape) -> tuple[Message, ...]:
+    """Case 1's opening: messages 1..min(H, N), verbatim. (The system message precedes it.)"""
+    return story.messages[: min(shape.head, len(story))]
+
+
+# ── Case 3: the covered chain ────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The scenes whose summaries replace the middle, for one tail target."""
+
+    scenes: tuple[Scene, ...]
+    stop: str  # why the chain ends where it does
+    missing_summary: Scene | None = None  # the scene whose missing summary ended it
+
+
+def covered_chain(story: Story, shape: Shape, tail_target: int) -> Chain:
+    """Case 3: the scenes, in order, from the one holding message H+1, each starting right
+    after the previous one, each summarised, each ending before message N−T (which always
+    stays in the tail). The first scene that breaks a condition ends the chain."""
+    n, first = len(story), shape.head + 1
+    boundary = n - tail_target
+    if first > n:
+        return Chain((), f"the head holds all {n:,} messages")
+    scenes = story.scenes
+    at = bisect_right([s.start for s in scenes], first) - 1
+    if at < 0 or not scenes[at].holds(first):
+        return Chain((), f"no scene holds message {first:,} (the first after the head)")
+    chain: list[Scene] = []
+    for scene in scenes[at:]:
+        if chain and scene.start != chain[-1].end + 1:
+            return Chain(tuple(chain), f"messages {chain[-1].end + 1:,}–{scene.start - 1:,} belong to no scene")
+        if scene.end >= boundary:
+            why = f"scene {scene.ref} ends at message {scene.end:,}, not before message {boundary:,} ({n:,} − {tail_target})"
+            return Chain(tuple(chain), why)
+        if not scene.summary.strip():
+            return Chain(tuple(chain), f"scene {scene.ref} has no summary", missing_summary=scene)
+        chain.append(scene)
+    return Chain(tuple(chain), "no more scenes")
+
+
+def tail(story: Story, shape: Shape, chain: Chain) -> tuple[Message, ...]:
+    """Every message after the last covered scene (after the head when nothing is covered)."""
+    after = chain.scenes[-1].end if chain.scenes else min(shape.head, len(story))
+    return story.messages[after:]
+
+
+def cards_in(scene: Scene, story: Story, shape: Shape) -> tuple[Message, ...]:
+    """The message-47 rule: cards in a covered scene are never summarised. Those already in
+    the head are there verbatim and are not repeated."""
+    first = max(scene.start, shape.head + 1)
+    return tuple(m for m in story.messages[first - 1 : scene.end] if m.is_card)
+
+
+# ── Case 4: levels ───────────────────────────────────────────────────────────────────────
+
+
+def recap_at_level(chain: Sequence[Scene], level: int, cards: Callable[[Scene], tuple[Message, ...]]) -> tuple[Part, ...]:
+    """Level 0 is every covered summary, each after its scene's cards. Level k puts scene k's
+    history in place of summaries 1..k; the cards of scenes 1..k float before it."""
+    parts: list[Part] = []
+    if level:
+        parts += [Part("card", message=m) for s in chain[:level] for m in cards(s)]
+        parts.append(Part("history", scene=chain[level - 1]))
+    for scene in chain[level:]:
+        parts += [Part("card", message=m) for m in cards(scene)]
+        parts.append(Part("summary", scene=scene))
+    return tuple(parts)
+
+
+# ── Case 5: rungs ────────────────────────────────────────────────────────────────────────
+
+
+def rungs(shape: Shape) -> list[int]:
+    """The tail targets to try: min_tail, then down by tail_step to tail_floor (150, 100, 50)."""
+    targets = [shape.min_tail]
+    while targets[-1] - shape.tail_step >= shape.tail_floor:
+        targets.append(targets[-1] - shape.tail_step)
+    if targets[-1] > shape.tail_floor:
+        targets.append(shape.tail_floor)
+    return targets
+
+
+# ── The search ───────────────────────────────────────────────────────────────────────────
+
+
+def _span(items: Sequence[Scene]) -> str:
+    if not items:
+        return "none"
+    a, b = items[0].ref, items[-1].ref
+    return f"{a}" if a == b else f"{a}–{b}"
+
+
+def _msgs(items: Sequence[Message]) -> str:
+    if not items:
+        return "none"
+    return f"{items[0].number:,}–{items[-1].number:,}" if len(items) > 1 else f"{items[0].number:,}"
+
+
+def _capped_sum(costs: Iterable[int], cap: int) -> tuple[int, bool]:
+    """Sum costs until the total passes `cap` (then the rest cannot matter): (total, complete)."""
+    total = 0
+    for cost in costs:
+        total += cost
+        if total > cap:
+            return total, False
+    return total, True
+
+
+@dataclass
+class _Search:
+    story: Story
+    shape: Shape
+    limit: int
+    reserve: int
+    pricer: Pricer
+    steps: list[str] = field(default_factory=list)
+    smallest: int | None = None
+
+    def price(self, part: Part) -> int:
+        return self.pricer.part(part)
+
+    def msg_part(self, m: Message) -> Part:
+        return Part("card" if m.is_card else "message", message=m)
+
+    def cards(self, scene: Scene) -> tuple[Message, ...]:
+        return cards_in(scene, self.story, self.shape)
+
+    def note_size(self, tokens: int) -> None:
+        if self.smallest is None or tokens < self.smallest:
+            self.smallest = tokens
+
+    def run(self) -> Assembly:
+        story, shape = self.story, self.shape
+        n = len(story)
+        opening = head(story, shape)
+        fixed = self.pricer.fixed()
+        head_cost = sum(self.price(self.msg_part(m)) for m in opening)
+        base = fixed + head_cost
+        self.steps.append(
+            f"head: messages {_msgs(opening)} verbatim ({head_cost:,} tokens); "
+            f"system and framing {fixed:,} tokens; limit {self.limit:,}"
+        )
+        threshold = shape.head + shape.min_tail
+        previous: tuple[Scene, ...] | None = None
+        targets = rungs(shape)
+        for rung, target in enumerate(targets):
+            chain = covered_chain(story, shape, target)
+            label = f"tail target {target}"
+            if previous is not None and chain.scenes == previous:
+                self.steps.append(f"{label}: covers the same scenes as before ({_span(chain.scenes)}) — nothing new to try")
+                continue
+            previous = chain.scenes
+            if chain.scenes:
+                self.steps.append(
+                    f"{label}: summaries cover scenes {_span(chain.scenes)} "
+                    f"(messages {chain.scenes[0].start:,}–{chain.scenes[-1].end:,}); the chain stops: {chain.stop}"
+                )
+            else:
+                self.steps.append(f"{label}: no scene is covered ({chain.stop}); every message is verbatim")
+            found = self.try_rung(rung, target, chain, opening, base)
+            if found is not None:
+                case = found.case
+                if rung > 0:
+                    case = 5
+                elif not chain.scenes:
+                    case = 1 if n < threshold else 2
+                return _replace(found, case=case, steps=tuple(self.steps))
+        return self.refuse(opening, base, targets)
+
+    def try_rung(self, rung: int, target: int, chain: Chain, opening, base: int) -> Assembly | None:
+        story = self.story
+        ending = tail(story, self.shape, chain)
+        room = self.limit - base
+        tail_cost, whole = _capped_sum((self.price(self.msg_part(m)) for m in reversed(ending)), room)
+        if not whole:
+            self.steps.append(
+                f"tail target {target}: head and tail (messages {_msgs(ending)}) alone exceed {self.limit:,} tokens"
+            )
+            return None
+        room -= tail_cost
+        scenes = chain.scenes
+
+        def make(level: int, tokens: int) -> Assembly:
+            return Assembly(
+                case=4 if level else 3,
+                messages=len(story),
+                limit=self.limit,
+                reserve=self.reserve,
+                head=opening,
+                recap=recap_at_level(scenes, level, self.cards),
+                tail=ending,
+                tail_target=target,
+                level=level,
+                tokens=tokens,
+            )
+
+        if not scenes:
+            total = base + tail_cost
+            return self.confirm(make(0, total), f"everything verbatim — {total:,} ≤ {self.limit:,} tokens", total)
+        card_cost = sum(self.price(Part("card", message=m)) for s in scenes for m in self.cards(s))
+        room -= card_cost
+        # suffix[j] = tokens of the summaries of scenes j+1..m (0-based j); counted from the
+        # newest back, and only as far as could ever fit.
+        m = len(scenes)
+        suffix = [0] * (m + 1)
+        lowest = m  # smallest j with suffix[j] ≤ room
+        for j in range(m - 1, -1, -1):
+            suffix[j] = suffix[j + 1] + self.price(Part("summary", scene=scenes[j]))
+            if suffix[j] > room:
+                break
+            lowest = j
+        fixed_part = base + tail_cost + card_cost
+        if lowest > 0:
+            if lowest == m:
+                why = f"summary {scenes[-1].ref} alone does not fit"
+            else:
+                why = f"summaries {scenes[lowest].ref}–{scenes[-1].ref} alone take {suffix[lowest]:,} of {room:,} tokens left"
+            self.steps.append(f"level 0 (summaries {_span(scenes)}) cannot fit: {why}")
+        else:
+            total = fixed_part + suffix[0]
+            found = self.confirm(make(0, total), f"level 0: summaries {_span(scenes)} — {total:,} ≤ {self.limit:,} tokens", total)
+            if found:
+                return found
+        first_level = max(1, lowest)
+        if first_level > 1:
+            self.steps.append(
+                f"levels 1–{first_level - 1} cannot fit: the summaries they keep alone exceed the room"
+            )
+        for level in range(first_level, m + 1):
+            scene = scenes[level - 1]
+            if not scene.history.strip():
+                self.steps.append(f"level {level}: scene {scene.ref} has no history — skipped")
+                continue
+            history_cost = self.price(Part("history", scene=scene))
+            total = fixed_part + history_cost + suffix[level]
+            kept = f", summaries {_span(scenes[level:])} kept" if level < m else ""
+            what = f"level {level}: summaries {_span(scenes[:level])} replaced by scene {scene.ref}'s history{kept}"
+            if total > self.limit:
+                self.note_size(total)
+                self.steps.append(f"{what} — {total:,} > {self.limit:,} tokens")
+                continue
+            found = self.confirm(make(level, total), f"{what} — {total:,} ≤ {self.limit:,} tokens", total)
+            if found:
+                return found
+        return None
+
+    def confirm(self, candidate: Assembly, what: str, estimate: int) -> Assembly | None:
+        """The candidate fits by its parts' costs; count what would really be emitted."""
+        if estimate > self.limit:
+            self.note_size(estimate)
+            self.steps.append(what.replace("≤", ">"))
+            return None
+        exact = self.pricer.exact(candidate)
+        self.note_size(exact)
+        if exact > self.limit:
+            self.steps.append(f"{what}, but the rendered prompt is {exact:,} > {self.limit:,} tokens — next")
+            return None
+        note = "" if exact == estimate else f" (rendered: {exact:,})"
+        self.steps.append(what + note)
+        return _replace(candidate, tokens=exact, costs=self.section_costs(candidate))
+
+    def section_costs(self, a: Assembly) -> dict[str, int]:
+        return {
+            "fixed": self.pricer.fixed(),
+            "head": sum(self.price(self.msg_part(m)) for m in a.head),
+            "recap": sum(self.price(p) for p in a.recap),
+            "tail": sum(self.price(self.msg_part(m)) for m in a.tail),
+        }
+
+    # ── Case 6: refusal ──────────────────────────────────────────────────────────────────
+
+    def refuse(self, opening, base: int, targets: list[int]) -> Assembly:
+        """Nothing fits at the floor: say the smallest size reached, the context that would
+        fit it, and which scenes' missing summaries or histories stand in the way."""
+        story, shape = self.story, self.shape
+        floor = targets[-1]
+        chain = covered_chain(story, shape, floor)
+        ending = tail(story, shape, chain)
+        rest = base + sum(self.price(self.msg_part(m)) for m in ending)
+        rest += sum(self.price(Part("card", message=m)) for s in chain.scenes for m in self.cards(s))
+        summaries = [self.price(Part("summary", scene=s)) for s in chain.scenes]
+        sizes = [rest + sum(summaries)]
+        for level, scene in enumerate(chain.scenes, start=1):
+            if scene.history.strip():
+                sizes.append(rest + self.price(Part("history", scene=scene)) + sum(summaries[level:]))
+        smallest = min(sizes + ([self.smallest] if self.smallest is not None else []))
+        boundary = len(story) - floor
+        no_summary = tuple(
+            s.ref for s in story.scenes if s.start > (chain.scenes[-1].end if chain.scenes else shape.head)
+            and s.end < boundary and not s.summary.strip()
+        )
+        no_history = tuple(s.ref for s in chain.scenes if not s.history.strip())
+        refusal = Refusal(smallest, self.limit, self.reserve, no_summary, no_history)
+        self.steps.append("case 6: " + refusal.explain())
+        return Assembly(
+            case=6,
+            messages=len(story),
+            limit=self.limit,
+            reserve=self.reserve,
+            head=opening,
+            tail=ending,
+            tail_target=floor,
+            tokens=smallest,
+            steps=tuple(self.steps),
+            refusal=refusal,
+        )
+
+
+def _replace(a: Assembly, **changes: object) -> Assembly:
+    return replace(a, **changes)  # type: ignore[arg-type]
+
+
+def assemble(story: Story, shape: Shape, limit: int, pricer: Pricer, *, reserve: int = 0) -> Assembly:
+    """Build the plan of the prompt for `story` within `limit` tokens (cases 1–6).
+
+    Case 6 does not raise: the returned Assembly has `case == 6` and a `refusal`.
+    """
+    return _Search(story, shape, limit, reserve, pricer).run()

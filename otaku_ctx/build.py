@@ -1,0 +1,87 @@
+"""One call from settings and a story to the finished prompt: the core behind `ctx build`.
+
+No Typer, no Rich, no printing: the CLI shows what this returns.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .assembler import Assembly, Shape, assemble
+from .config import Settings
+from .model import Story
+from .render import BlockPricer, Names, PlainRenderer, emitted
+from .tokens import TokenCounter, make_counter
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The window arithmetic: limit = min(window, max_context when > 0) − reserve."""
+
+    window: int
+    max_context: int
+    reserve: int
+    reserve_source: str
+
+    @property
+    def context(self) -> int:
+        return min(self.window, self.max_context) if self.max_context > 0 else self.window
+
+    @property
+    def limit(self) -> int:
+        return self.context - self.reserve
+
+
+@dataclass(frozen=True)
+class Built:
+    """An assembly and, unless it is a refusal, the prompt exactly as emitted."""
+
+    assembly: Assembly
+    budget: Budget
+    tokenizer: str
+    prompt: str | None
+
+
+def shape_of(settings: Settings) -> Shape:
+    c = settings.values["context"]
+    return Shape(
+        head=c["head_messages"],
+        min_tail=c["min_tail_messages"],
+        tail_step=c["tail_step"],
+        tail_floor=c["tail_floor"],
+    )
+
+
+def reply_reserve(story: Story, settings: Settings, count: TokenCounter) -> tuple[int, str]:
+    """The reply reserve: a number from the settings, or "auto" — the longest of the last few
+    assistant replies × the factor (1.2), or the default (1024) before any reply exists."""
+    c = settings.values["context"]
+    if c["reply_reserve"] != "auto":
+        return c["reply_reserve"], "set"
+    replies = []
+    for message in reversed(story.messages):
+        if len(replies) == c["reserve_replies"]:
+            break
+        if message.role == "assistant" and not message.is_card:
+            replies.append(message.content)
+    if not replies:
+        return c["reserve_default"], "auto: no assistant reply yet"
+    longest = max(count(text) for text in replies)
+    return math.ceil(longest * c["reserve_factor"]), f"auto: longest of the last {len(replies)} replies × {c['reserve_factor']:g}"
+
+
+def budget_of(story: Story, settings: Settings, count: TokenCounter) -> Budget:
+    reserve, why = reply_reserve(story, settings, count)
+    return Budget(settings["model.window"], settings["context.max_context"], reserve, why)
+
+
+def build(story: Story, settings: Settings, *, emit: str = "text", user: str | None = None) -> Built:
+    """Assemble the story for the configured window and render the prompt (cases 1–6)."""
+    count = make_counter(settings["model.tokenizer"])
+    budget = budget_of(story, settings, count)
+    renderer = PlainRenderer(story, Names.of(story, user))
+    pricer = BlockPricer(renderer, count, emit)
+    assembly = assemble(story, shape_of(settings), budget.limit, pricer, reserve=budget.reserve)
+    prompt = None if assembly.refusal else emitted(renderer.blocks(assembly), emit)
+    return Built(assembly, budget, count.name, prompt)

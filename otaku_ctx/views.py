@@ -1,0 +1,87 @@
+"""Rich views for people at a terminal (`inspect --explain`, `config show`). Data, never markup,
+goes to pipes: these are only used for the human-facing forms."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+CASES = {
+    1: "case 1 — the story is short: everything verbatim",
+    2: "case 2 — no scene is summarised yet: everything verbatim",
+    3: "case 3 — head, scene summaries, tail",
+    4: "case 4 — head, story so far (history), remaining summaries, tail",
+    5: "case 5 — the tail is shortened to fit",
+    6: "case 6 — refused: nothing fits",
+}
+
+
+def _span(r: dict[str, int] | None) -> str:
+    if not r:
+        return "—"
+    return f"{r['first']:,}–{r['last']:,}" if r["first"] != r["last"] else f"{r['first']:,}"
+
+
+def _ids(ids: list) -> str:
+    return ", ".join(map(str, ids)) if ids else "—"
+
+
+def explain(facts: dict[str, Any]) -> Group:
+    """The case, each section with its range and tokens, the budget, and every step."""
+    title = Text(CASES[facts["case"]], style="bold red" if facts["case"] == 6 else "bold")
+    sections = Table(title="Sections", show_edge=False, expand=False)
+    sections.add_column("section")
+    sections.add_column("what")
+    sections.add_column("tokens", justify="right")
+    costs = facts.get("sections") or {}
+    sections.add_row("system & framing", "", f"{costs['fixed']:,}" if "fixed" in costs else "")
+    sections.add_row("head", f"messages {_span(facts['head'])}", f"{costs['head']:,}" if "head" in costs else "")
+    recap = []
+    if facts["floated_cards"]:
+        recap.append(f"floated cards {_ids(facts['floated_cards'])}")
+    if facts["history"]:
+        recap.append(f"history through scene {facts['history']['through_scene']}")
+    if facts["summaries"]:
+        recap.append(f"summaries of scenes {_ids(facts['summaries'])}")
+    in_recap = [c for c in facts["cards"] if c not in facts["floated_cards"]]
+    if in_recap:
+        recap.append(f"cards {_ids(in_recap)} before their scenes")
+    sections.add_row("recap", "; ".join(recap) or "—", f"{costs['recap']:,}" if "recap" in costs else "")
+    sections.add_row(
+        "tail",
+        f"messages {_span(facts['tail'])} (target {facts['tail_target']})",
+        f"{costs['tail']:,}" if "tail" in costs else "",
+    )
+    budget = Table(title="Budget", show_header=False, show_edge=False)
+    budget.add_column()
+    budget.add_column(justify="right")
+    context = facts["window"] if not facts["max_context"] else min(facts["window"], facts["max_context"])
+    budget.add_row("used" if facts["case"] != 6 else "smallest reached", f"{facts['tokens']:,}")
+    budget.add_row("limit", f"{facts['limit']:,}")
+    budget.add_row("reserve", f"{facts['reserve']:,} ({facts['reserve_source']})")
+    budget.add_row("context", f"{context:,} (window {facts['window']:,}, max_context {facts['max_context']:,})")
+    budget.add_row("tokenizer", facts["tokenizer"])
+    budget.add_row("messages", f"{facts['messages']:,}" + (f" (+{facts['hidden']} hidden)" if facts.get("hidden") else ""))
+    steps = Text()
+    for number, step in enumerate(facts["steps"], start=1):
+        steps.append(f"{number:>2}. ", style="dim")
+        steps.append(step + "\n")
+    return Group(title, Text(), sections, Text(), budget, Text(), Panel(steps, title="Steps", expand=False))
+
+
+def settings_table(rows: list[tuple[str, str, str]]) -> Table:
+    table = Table(show_edge=False)
+    table.add_column("setting")
+    table.add_column("value")
+    table.add_column("from")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def console(stderr: bool = False) -> Console:
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)

@@ -1,0 +1,382 @@
+"""Prompt formats: loading (TOML, SillyTavern JSON), merging, text and chat rendering, stops."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from otaku_ctx.blocks import Block
+from otaku_ctx.errors import ConfigError
+from otaku_ctx.formats import (
+    Format,
+    builtin_dirs,
+    format_names,
+    load_format,
+    merge_blocks,
+    render_messages,
+    render_text,
+    stop_sequences,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+PRESETS = sorted((FIXTURES / "sillytavern" / "instruct").glob("*.json"))
+BUILTINS = ("chat", "chatml", "llama3", "mistral", "alpaca", "vicuna", "gemma", "raw")
+
+SYSTEM = "You are Ilya, a ferryman."
+GREETING = "Ilya: Welcome aboard."
+QUESTION = "Anna: Where are we going?"
+
+CONVERSATION = [
+    Block("system", SYSTEM),
+    Block("assistant", GREETING),
+    Block("user", QUESTION),
+    Block("assistant", "Ilya: ", open=True),
+]
+
+
+def builtin(name: str) -> Format:
+    return load_format(name, builtin_dirs())
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --- the shipped formats, rendered byte for byte ------------------------------------------
+
+EXPECTED = {
+    "chatml": (
+        "<|im_start|>system\nYou are Ilya, a ferryman.<|im_end|>\n"
+        "<|im_start|>assistant\nIlya: Welcome aboard.<|im_end|>\n"
+        "<|im_start|>user\nAnna: Where are we going?<|im_end|>\n"
+        "<|im_start|>assistant\nIlya: "
+    ),
+    "llama3": (
+        "<|begin_of_text|>"
+        "<|start_header_id|>system<|end_header_id|>\n\nYou are Ilya, a ferryman.<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nIlya: Welcome aboard.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nAnna: Where are we going?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nIlya: "
+    ),
+    "mistral": (
+        "<s>[INST] You are Ilya, a ferryman. [/INST]Ilya: Welcome aboard.</s>"
+        "[INST] Anna: Where are we going? [/INST]Ilya: "
+    ),
+    "raw": "You are Ilya, a ferryman.\n\nIlya: Welcome aboard.\n\nAnna: Where are we going?\n\nIlya: ",
+    "chat": "You are Ilya, a ferryman.\n\nIlya: Welcome aboard.\n\nAnna: Where are we going?\n\nIlya: ",
+    "gemma": (
+        "<bos><start_of_turn>user\nYou are Ilya, a ferryman.<end_of_turn>\n"
+        "<start_of_turn>model\nIlya: Welcome aboard.<end_of_turn>\n"
+        "<start_of_turn>user\nAnna: Where are we going?<end_of_turn>\n"
+        "<start_of_turn>model\nIlya: "
+    ),
+    "alpaca": (
+        "You are Ilya, a ferryman.\n\n"
+        "### Response:\nIlya: Welcome aboard.\n\n"
+        "### Instruction:\nAnna: Where are we going?\n\n"
+        "### Response:\nIlya: "
+    ),
+    "vicuna": (
+        "You are Ilya, a ferryman. ASSISTANT: Ilya: Welcome aboard.</s>"
+        "USER: Anna: Where are we going? ASSISTANT: Ilya: "
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_four_block_conversation_renders_exactly(name: str) -> None:
+    assert render_text(builtin(name), CONVERSATION) == EXPECTED[name]
+
+
+def test_every_shipped_format_has_an_expected_rendering() -> None:
+    assert set(format_names(builtin_dirs())) == set(BUILTINS) == set(EXPECTED)
+
+
+@pytest.mark.parametrize(
+    ("name", "end"),
+    [
+        ("chatml", "<|im_start|>assistant\n"),
+        ("llama3", "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+        ("mistral", " [/INST]"),
+        ("gemma", "<start_of_turn>model\n"),
+        ("alpaca", "### Response:\n"),
+        ("vicuna", "USER: Anna: Where are we going? ASSISTANT:"),  # no trailing space
+        ("raw", "Anna: Where are we going?\n\n"),
+    ],
+)
+def test_without_an_open_block_an_assistant_turn_is_opened(name: str, end: str) -> None:
+    prompt = render_text(builtin(name), CONVERSATION[:3])
+    assert prompt.endswith(end)
+
+
+def test_mistral_folds_the_system_block_into_the_next_user_turn() -> None:
+    blocks = [Block("system", SYSTEM), Block("user", QUESTION), Block("assistant", "Ilya: ", open=True)]
+    assert render_text(builtin("mistral"), blocks) == (
+        "<s>[INST] You are Ilya, a ferryman.\n\nAnna: Where are we going? [/INST]Ilya: "
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "marker"),
+    [
+        ("chatml", "<|im_end|>"),
+        ("llama3", "<|eot_id|>"),
+        ("mistral", "</s>"),
+        ("gemma", "<end_of_turn>"),
+        ("alpaca", "### Instruction:"),
+        ("vicuna", "</s>"),
+    ],
+)
+def test_each_format_stops_at_its_end_of_turn_marker(name: str, marker: str) -> None:
+    assert marker in builtin(name).stop
+
+
+def test_chat_is_the_only_chat_format() -> None:
+    assert [name for name in BUILTINS if builtin(name).chat] == ["chat"]
+
+
+# --- wrap, first/last output sequence, alignment ------------------------------------------
+
+
+def test_wrap_puts_a_newline_after_the_prefix_and_in_place_of_a_missing_suffix() -> None:
+    fmt = Format("w", wrap=True, input_sequence="U:", input_suffix="", output_sequence="A:", output_suffix="|")
+    blocks = [Block("user", "hi"), Block("assistant", "yo"), Block("assistant", "", open=True)]
+    assert render_text(fmt, blocks) == "U:\nhi\nA:\nyo|A:\n"
+
+
+def test_first_and_last_output_sequences() -> None:
+    fmt = Format("f", output_sequence="<A>", first_output_sequence="<A1>", last_output_sequence="<AL>")
+    blocks = [Block("assistant", "a"), Block("user", "u"), Block("assistant", "b"), Block("user", "v")]
+    assert render_text(fmt, blocks) == "<A1>a" + "u" + "<A>b" + "v" + "<AL>"
+
+
+def test_user_alignment_message_goes_before_an_assistant_first_chat() -> None:
+    fmt = Format("a", input_sequence="U:", output_sequence="A:", user_alignment_message="Begin.")
+    assert render_text(fmt, CONVERSATION[:2]) == SYSTEM + "U:Begin.A:" + GREETING + "A:"
+    # a chat that starts with the user needs none
+    assert "Begin." not in render_text(fmt, [Block("user", QUESTION)])
+
+
+def test_only_the_last_block_may_be_open() -> None:
+    with pytest.raises(ValueError, match="last block"):
+        render_text(builtin("chatml"), [Block("assistant", "x", open=True), Block("user", "y")])
+
+
+# --- merging ------------------------------------------------------------------------------
+
+
+def test_consecutive_blocks_of_one_role_merge_with_a_blank_line() -> None:
+    blocks = [
+        Block("system", "a"),
+        Block("system", "b"),
+        Block("user", "c"),
+        Block("user", "d"),
+        Block("assistant", "e"),
+    ]
+    assert merge_blocks(blocks) == [Block("system", "a\n\nb"), Block("user", "c\n\nd"), Block("assistant", "e")]
+
+
+def test_the_open_block_never_merges_into_the_previous_one() -> None:
+    blocks = [Block("assistant", "Ilya: Hm."), Block("assistant", "Ilya: ", open=True)]
+    assert merge_blocks(blocks) == blocks
+
+
+def test_text_formats_merge_too() -> None:
+    blocks = [Block("system", "a"), Block("system", "b"), Block("user", "c")]
+    assert render_text(builtin("chatml"), blocks).startswith("<|im_start|>system\na\n\nb<|im_end|>\n")
+
+
+blocks_strategy = st.lists(
+    st.builds(Block, st.sampled_from(["system", "user", "assistant"]), st.text(max_size=5)),
+    max_size=8,
+)
+
+
+@given(blocks_strategy, st.booleans())
+def test_merge_alternates_roles_and_keeps_the_text(blocks: list[Block], with_open: bool) -> None:
+    if with_open and blocks:
+        blocks[-1] = Block(blocks[-1].role, blocks[-1].text, open=True)
+    merged = merge_blocks(blocks)
+    for before, after in pairwise(merged):
+        assert before.role != after.role or after.open
+    assert "\n\n".join(b.text for b in merged) == "\n\n".join(b.text for b in blocks)
+    assert [b.open for b in merged].count(True) == [b.open for b in blocks].count(True)
+
+
+# --- chat messages ------------------------------------------------------------------------
+
+
+def test_messages_send_a_non_blank_open_block_as_a_prefill() -> None:
+    assert render_messages(builtin("chat"), CONVERSATION) == [
+        {"role": "system", "content": SYSTEM},
+        {"role": "assistant", "content": GREETING},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "Ilya:"},
+    ]
+
+
+@pytest.mark.parametrize("text", ["", "  \n"])
+def test_messages_drop_a_blank_open_block(text: str) -> None:
+    blocks = [*CONVERSATION[:3], Block("assistant", text, open=True)]
+    assert render_messages(builtin("chat"), blocks)[-1] == {"role": "user", "content": QUESTION}
+
+
+def test_messages_keep_the_system_role_even_when_the_format_folds_it() -> None:
+    blocks = [Block("system", "a"), Block("system", "b"), Block("user", "c")]
+    assert render_messages(builtin("mistral"), blocks) == [
+        {"role": "system", "content": "a\n\nb"},
+        {"role": "user", "content": "c"},
+    ]
+
+
+# --- stop sequences -----------------------------------------------------------------------
+
+
+def test_stop_sequences_add_each_name_once_after_the_format_stops() -> None:
+    assert stop_sequences(builtin("chatml"), ["Ilya", "Anna", "Ilya", ""]) == [
+        "<|im_end|>",
+        "<|im_start|>",
+        "\nIlya:",
+        "\nAnna:",
+    ]
+
+
+def test_stop_sequences_drop_empty_and_duplicate_format_stops(tmp_path: Path) -> None:
+    path = write(tmp_path, "s.toml", 'stop_sequence = "END"\nstop = ["", "END", "\\nX:", "STOP"]\n')
+    assert stop_sequences(load_format(str(path), []), ["X"]) == ["END", "\nX:", "STOP"]
+
+
+def test_raw_has_only_name_stops() -> None:
+    assert stop_sequences(builtin("raw"), ["Ilya"]) == ["\nIlya:"]
+
+
+# --- SillyTavern presets ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=[p.name for p in PRESETS])
+def test_sillytavern_preset_renders_ending_in_its_output_sequence(path: Path) -> None:
+    fmt = load_format(str(path), [])
+    sequence = fmt.last_output_sequence or fmt.output_sequence
+    assert sequence, "a preset without an output sequence"
+    bare = render_text(fmt, [*CONVERSATION[:3], Block("assistant", "", open=True)])
+    named = render_text(fmt, CONVERSATION)
+    assert bare.endswith(sequence + ("\n" if fmt.wrap else ""))
+    assert named.startswith(bare)
+    assert named[len(bare) :].lstrip(" ") == "Ilya: "
+    assert GREETING in named and QUESTION in named and SYSTEM in named
+
+
+def test_the_preset_fixtures_are_there() -> None:
+    assert len(PRESETS) >= 7
+
+
+def test_chatml_preset_renders_like_the_shipped_chatml() -> None:
+    preset = load_format(str(FIXTURES / "sillytavern" / "instruct" / "chatml.json"), [])
+    assert preset.name == "ChatML"
+    assert render_text(preset, CONVERSATION) == EXPECTED["chatml"]
+
+
+def test_gemma_preset_folds_system_into_user_like_the_shipped_gemma() -> None:
+    preset = load_format(str(FIXTURES / "sillytavern" / "instruct" / "gemma-2.json"), [])
+    assert preset.system_same_as_user
+    assert render_text(preset, CONVERSATION) == EXPECTED["gemma"].removeprefix("<bos>")
+
+
+def test_mistral_preset_aligns_and_puts_the_space_back_before_the_name() -> None:
+    preset = load_format(str(FIXTURES / "sillytavern" / "instruct" / "mistral-v2-v3.json"), [])
+    assert render_text(preset, CONVERSATION) == (
+        "[INST] You are Ilya, a ferryman.\n\n"
+        "Let's get started. Please respond based on the information and instructions provided above."
+        "[/INST] Ilya: Welcome aboard.</s>"
+        "[INST] Anna: Where are we going?[/INST] Ilya: "
+    )
+    assert render_text(preset, CONVERSATION[:3]).endswith("Where are we going?[/INST]")
+
+
+def test_legacy_system_prefix_wraps_system_blocks() -> None:
+    preset = load_format(str(FIXTURES / "sillytavern" / "instruct" / "vicuna-1-1.json"), [])
+    assert render_text(preset, CONVERSATION) == (
+        "BEGINNING OF CONVERSATION:You are Ilya, a ferryman."
+        "\nASSISTANT: Ilya: Welcome aboard.</s>"
+        "\nUSER: Anna: Where are we going?"
+        "\nASSISTANT: Ilya: "
+    )
+
+
+def test_preset_stop_strings_are_its_stop_sequence_and_its_sequences() -> None:
+    preset = load_format(str(FIXTURES / "sillytavern" / "instruct" / "alpaca.json"), [])
+    assert preset.stop == ("### Instruction:", "### Response:", "### Input:")
+
+
+def test_preset_ignores_unknown_keys_but_not_wrong_types(tmp_path: Path) -> None:
+    ok = write(tmp_path, "ok.json", '{"input_sequence": "U:", "output_sequence": "A:", "ui_colour": 3}')
+    assert render_text(load_format(str(ok), []), [Block("user", "hi")]) == "U:hiA:"
+    bad = write(tmp_path, "bad.json", '{"input_sequence": "U:", "wrap": "yes"}')
+    with pytest.raises(ConfigError) as caught:
+        load_format(str(bad), [])
+    assert caught.value.key == "wrap" and caught.value.source == str(bad)
+
+
+# --- TOML files and their errors ----------------------------------------------------------
+
+
+def test_a_bare_name_is_found_in_the_first_search_dir_that_has_it(tmp_path: Path) -> None:
+    write(tmp_path, "chatml.toml", 'name = "Mine"\n')
+    assert load_format("chatml", [tmp_path, *builtin_dirs()]).name == "Mine"
+    assert load_format("llama3", [tmp_path, *builtin_dirs()]).bos == "<|begin_of_text|>"
+
+
+def test_a_toml_path_is_read_as_it_is(tmp_path: Path) -> None:
+    path = write(tmp_path, "mine.toml", 'input_sequence = "> "\nwrap = true\n')
+    fmt = load_format(str(path), [])
+    assert (fmt.name, fmt.input_sequence, fmt.wrap, fmt.chat) == ("mine", "> ", True, False)
+
+
+def test_builtin_dirs_find_the_source_checkout() -> None:
+    assert REPO / "configs" / "formats" in builtin_dirs()
+
+
+def test_an_unknown_name_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match="no such format.*chatml"):
+        load_format("chatmll", builtin_dirs())
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('input_sequense = "U:"\n', "input_sequense"),
+        ("wrap = 1\n", "wrap"),
+        ("input_sequence = 3\n", "input_sequence"),
+        ('stop = "END"\n', "stop"),
+        ("stop = [1]\n", "stop"),
+        ('names_behavior = "sometimes"\n', "names_behavior"),
+        ('name = ""\n', "name"),
+        ("[input_sequence]\n", "input_sequence"),
+    ],
+)
+def test_a_bad_toml_key_is_a_config_error_naming_file_and_key(tmp_path: Path, text: str, key: str) -> None:
+    path = write(tmp_path, "bad.toml", text)
+    with pytest.raises(ConfigError) as caught:
+        load_format(str(path), [])
+    assert caught.value.key == key
+    assert str(caught.value).startswith(f"{path}: {key}: ")
+
+
+@pytest.mark.parametrize(("name", "text"), [("broken.toml", "wrap = \n"), ("broken.json", "{"), ("list.json", "[]")])
+def test_an_unreadable_file_is_a_config_error(tmp_path: Path, name: str, text: str) -> None:
+    path = write(tmp_path, name, text)
+    with pytest.raises(ConfigError) as caught:
+        load_format(str(path), [])
+    assert caught.value.source == str(path)
+
+
+def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_format(str(tmp_path / "nope.toml"), [])
