@@ -172,8 +172,8 @@ def covered_chain(story: Story, shape: Shape, tail_target: int) -> Chain:
         if chain and scene.start != chain[-1].end + 1:
             return Chain(tuple(chain), f"messages {chain[-1].end + 1:,}–{scene.start - 1:,} belong to no scene")
         if scene.end >= boundary:
-            why = f"scene {scene.ref} ends at message {scene.end:,}, not before message {boundary:,} ({n:,} − {tail_target})"
-            return Chain(tuple(chain), why)
+            why = f"scene {scene.ref} ends at message {scene.end:,}"
+            return Chain(tuple(chain), f"{why}, not before message {boundary:,} ({n:,} − {tail_target})")
         if not scene.summary.strip():
             return Chain(tuple(chain), f"scene {scene.ref} has no summary", missing_summary=scene)
         chain.append(scene)
@@ -196,7 +196,9 @@ def cards_in(scene: Scene, story: Story, shape: Shape) -> tuple[Message, ...]:
 # ── Case 4: levels ───────────────────────────────────────────────────────────────────────
 
 
-def recap_at_level(chain: Sequence[Scene], level: int, cards: Callable[[Scene], tuple[Message, ...]]) -> tuple[Part, ...]:
+def recap_at_level(
+    chain: Sequence[Scene], level: int, cards: Callable[[Scene], tuple[Message, ...]]
+) -> tuple[Part, ...]:
     """Level 0 is every covered summary, each after its scene's cards. Level k puts scene k's
     history in place of summaries 1..k; the cards of scenes 1..k float before it."""
     parts: list[Part] = []
@@ -289,7 +291,9 @@ class _Search:
             chain = covered_chain(story, shape, target)
             label = f"tail target {target}"
             if previous is not None and chain.scenes == previous:
-                self.steps.append(f"{label}: covers the same scenes as before ({_span(chain.scenes)}) — nothing new to try")
+                self.steps.append(
+                    f"{label}: covers the same scenes as before ({_span(chain.scenes)}) — nothing new to try"
+                )
                 continue
             previous = chain.scenes
             if chain.scenes:
@@ -353,21 +357,19 @@ class _Search:
             lowest = j
         fixed_part = base + tail_cost + card_cost
         if lowest > 0:
-            if lowest == m:
-                why = f"summary {scenes[-1].ref} alone does not fit"
-            else:
-                why = f"summaries {scenes[lowest].ref}–{scenes[-1].ref} alone take {suffix[lowest]:,} of {room:,} tokens left"
+            over = scenes[lowest - 1 :]  # the summaries that, with nothing else, already overflow
+            why = f"summaries {_span(over)} alone take {suffix[lowest - 1]:,} of the {room:,} tokens left"
             self.steps.append(f"level 0 (summaries {_span(scenes)}) cannot fit: {why}")
         else:
             total = fixed_part + suffix[0]
-            found = self.confirm(make(0, total), f"level 0: summaries {_span(scenes)} — {total:,} ≤ {self.limit:,} tokens", total)
+            found = self.confirm(
+                make(0, total), f"level 0: summaries {_span(scenes)} — {total:,} ≤ {self.limit:,} tokens", total
+            )
             if found:
                 return found
         first_level = max(1, lowest)
         if first_level > 1:
-            self.steps.append(
-                f"levels 1–{first_level - 1} cannot fit: the summaries they keep alone exceed the room"
-            )
+            self.steps.append(f"levels 1–{first_level - 1} cannot fit: the summaries they keep alone exceed the room")
         for level in range(first_level, m + 1):
             scene = scenes[level - 1]
             if not scene.history.strip():
@@ -421,15 +423,43 @@ class _Search:
         rest = base + sum(self.price(self.msg_part(m)) for m in ending)
         rest += sum(self.price(Part("card", message=m)) for s in chain.scenes for m in self.cards(s))
         summaries = [self.price(Part("summary", scene=s)) for s in chain.scenes]
-        sizes = [rest + sum(summaries)]
+        sizes = {0: rest + sum(summaries)}
         for level, scene in enumerate(chain.scenes, start=1):
             if scene.history.strip():
-                sizes.append(rest + self.price(Part("history", scene=scene)) + sum(summaries[level:]))
-        smallest = min(sizes + ([self.smallest] if self.smallest is not None else []))
+                sizes[level] = rest + self.price(Part("history", scene=scene)) + sum(summaries[level:])
+        # The parts' sum is an upper bound; the smallest size reached is what the smallest
+        # candidate really renders to (one render, on this error path only).
+        level = min(sizes, key=sizes.__getitem__)
+        candidate = Assembly(
+            case=6,
+            messages=len(story),
+            limit=self.limit,
+            reserve=self.reserve,
+            head=opening,
+            recap=recap_at_level(chain.scenes, level, self.cards),
+            tail=ending,
+            tail_target=floor,
+            level=level,
+        )
+        exact = self.pricer.exact(candidate)
+        if exact <= self.limit:  # the parts' sum was conservative; the prompt itself fits
+            self.steps.append(
+                f"tail target {floor}, level {level}: its parts add up to {sizes[level]:,}, "
+                f"but the rendered prompt is {exact:,} ≤ {self.limit:,} tokens"
+            )
+            case = 5 if len(targets) > 1 else (4 if level else 3 if chain.scenes else 2)
+            return replace(
+                candidate, case=case, tokens=exact, steps=tuple(self.steps), costs=self.section_costs(candidate)
+            )
+        self.note_size(exact)
+        smallest = self.smallest if self.smallest is not None else exact
         boundary = len(story) - floor
         no_summary = tuple(
-            s.ref for s in story.scenes if s.start > (chain.scenes[-1].end if chain.scenes else shape.head)
-            and s.end < boundary and not s.summary.strip()
+            s.ref
+            for s in story.scenes
+            if s.start > (chain.scenes[-1].end if chain.scenes else shape.head)
+            and s.end < boundary
+            and not s.summary.strip()
         )
         no_history = tuple(s.ref for s in chain.scenes if not s.history.strip())
         refusal = Refusal(smallest, self.limit, self.reserve, no_summary, no_history)

@@ -68,7 +68,9 @@ def reply_reserve(story: Story, settings: Settings, count: TokenCounter) -> tupl
     if not replies:
         return c["reserve_default"], "auto: no assistant reply yet"
     longest = max(count(text) for text in replies)
-    return math.ceil(longest * c["reserve_factor"]), f"auto: longest of the last {len(replies)} replies × {c['reserve_factor']:g}"
+    return math.ceil(
+        longest * c["reserve_factor"]
+    ), f"auto: longest of the last {len(replies)} replies × {c['reserve_factor']:g}"
 
 
 def budget_of(story: Story, settings: Settings, count: TokenCounter) -> Budget:

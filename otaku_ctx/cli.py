@@ -29,7 +29,9 @@ config_app = typer.Typer(no_args_is_help=True, help="Write or show the settings.
 app.add_typer(config_app, name="config")
 
 Story = Annotated[Path, typer.Argument(help="The story file.", show_default=False, metavar="STORY")]
-ConfigPath = Annotated[Path | None, typer.Option("--config", help="Read this config file instead of ~/.otaku/configs/config.toml.")]
+ConfigPath = Annotated[
+    Path | None, typer.Option("--config", help="Read this config file instead of ~/.otaku/configs/config.toml.")
+]
 Window = Annotated[int | None, typer.Option("--window", help="The model's window in tokens.")]
 MaxContext = Annotated[int | None, typer.Option("--max-context", help="Use at most this many tokens (0 = the window).")]
 Head = Annotated[int | None, typer.Option("--head", help="Opening messages kept verbatim.")]
@@ -72,8 +74,12 @@ def _build(story_path: Path, settings: Settings, emit: str = "text") -> tuple[Bu
 @app.command("build")
 def build_cmd(
     story: Story,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the prompt to this file (atomically).")] = None,
-    emit: Annotated[str, typer.Option("--emit", help="text (a transcript) or messages (a JSON list of role messages).")] = "text",
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Write the prompt to this file (atomically).")
+    ] = None,
+    emit: Annotated[
+        str, typer.Option("--emit", help="text (a transcript) or messages (a JSON list of role messages).")
+    ] = "text",
     config: ConfigPath = None,
     window: Window = None,
     max_context: MaxContext = None,
@@ -86,7 +92,9 @@ def build_cmd(
     """Print the prompt for STORY on stdout (only the prompt; diagnostics go to stderr)."""
     if emit not in ("text", "messages"):
         raise typer.BadParameter(f"{emit!r}; expected text or messages", param_hint="--emit")
-    settings = settings_from(config, window=window, max_context=max_context, head=head, tail=tail, reserve=reserve, tokenizer=tokenizer)
+    settings = settings_from(
+        config, window=window, max_context=max_context, head=head, tail=tail, reserve=reserve, tokenizer=tokenizer
+    )
     built, _ = _build(story, settings, emit)
     a = built.assembly
     if a.refusal:
@@ -103,7 +111,9 @@ def build_cmd(
 @app.command("inspect")
 def inspect_cmd(
     story: Story,
-    explain: Annotated[bool, typer.Option("--explain", help="Draw the case, the sections, the budget and every step.")] = False,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="Draw the case, the sections, the budget and every step.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the same facts as JSON.")] = False,
     emit: Annotated[str, typer.Option("--emit", help="Count the prompt as this emit form would print it.")] = "text",
     config: ConfigPath = None,
@@ -116,13 +126,16 @@ def inspect_cmd(
     debug: Debug = False,
 ) -> None:
     """Show why the prompt for STORY looks the way it does."""
-    settings = settings_from(config, window=window, max_context=max_context, head=head, tail=tail, reserve=reserve, tokenizer=tokenizer)
+    settings = settings_from(
+        config, window=window, max_context=max_context, head=head, tail=tail, reserve=reserve, tokenizer=tokenizer
+    )
     built, hidden = _build(story, settings, emit)
     data = facts(built, hidden)
     if as_json:
         sys.stdout.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
     else:
-        from .views import console, explain as draw
+        from .views import console
+        from .views import explain as draw
 
         console().print(draw(data))
     if built.assembly.refusal:
@@ -188,7 +201,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
 ) -> None:
     pass
 

@@ -143,7 +143,9 @@ def load_settings(
 def _apply_file(path: Path, data: dict[str, Any], values: dict, sources: dict) -> None:
     for section, table in data.items():
         if section not in SCHEMA:
-            raise ConfigError(str(path), section, f"unknown section; expected one of {', '.join(f'[{s}]' for s in SCHEMA)}")
+            raise ConfigError(
+                str(path), section, f"unknown section; expected one of {', '.join(f'[{s}]' for s in SCHEMA)}"
+            )
         if not isinstance(table, dict):
             raise ConfigError(str(path), section, "expected a [section] table")
         for key, value in table.items():

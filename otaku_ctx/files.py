@@ -2,24 +2,41 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
 
 
 def write_atomic(path: Path | str, text: str) -> None:
-    """Write `text` to `path` through a temp file in the same folder and an atomic rename."""
+    """Write UTF-8 text to `path` through a temp file in the same directory and a rename.
+
+    Readers see the old file or the new one, never half of it; on any failure the temp file
+    is removed and the old file stays as it was. A new file gets the usual permissions
+    (0666 less the umask), an existing one keeps its own.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    if path.is_symlink():
+        path = path.resolve()
+    mode = _mode_for(path)
+    descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # what a plain open() would have given
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(text.encode("utf-8"))
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        os.chmod(temp, mode)
+        os.replace(temp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
         raise
+
+
+def _mode_for(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask

@@ -97,7 +97,11 @@ class PlainRenderer:
         if part.kind == "summary" and part.scene:
             return [Block("system", f"[{scene_label(part.scene)}]\n{self.names.fill(part.scene.summary)}")]
         if part.kind == "history" and part.scene:
-            return [Block("system", f"[Story so far, through scene {part.scene.ref}]\n{self.names.fill(part.scene.history)}")]
+            return [
+                Block(
+                    "system", f"[Story so far, through scene {part.scene.ref}]\n{self.names.fill(part.scene.history)}"
+                )
+            ]
         raise ValueError(f"cannot render {part!r}")
 
     def blocks(self, assembly: Assembly) -> list[Block]:
@@ -138,8 +142,11 @@ class BlockPricer:
     def _blocks(self, blocks: Sequence[Block]) -> int:
         if self.emit == "messages":
             return sum(self.count(b.text) + MESSAGE_OVERHEAD for b in blocks)
-        sep = self.count(SEPARATOR)
-        return sum(self.count(b.text) + sep for b in blocks)
+        # Each block is priced with the separator after it: a separator ends in a newline and
+        # tiktoken never joins a newline to the word after it, so these pieces add up to the
+        # whole prompt's count (plus at most the last separator's token).
+        bound = self.count.bound
+        return sum(bound(b.text + SEPARATOR) for b in blocks)
 
     def fixed(self) -> int:
         if self._fixed is None:

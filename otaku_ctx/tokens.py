@@ -19,11 +19,14 @@ class TokenCounter:
 
     name: str
 
-    def __init__(self, name: str, count: Callable[[str], int]) -> None:
+    def __init__(self, name: str, count: Callable[[str], int], additive: bool = True) -> None:
         self.name = name
         self._count = count
         self._cache: dict[str, int] = {}
         self.calls = 0  # distinct texts actually counted (for tests and benchmarks)
+        # Whether the count of joined texts is (about) the sum of their counts. len // 4 is
+        # not: it floors each piece, so pieces are priced by `bound` (rounding up) instead.
+        self.additive = additive
 
     def __call__(self, text: str) -> int:
         cached = self._cache.get(text)
@@ -31,6 +34,13 @@ class TokenCounter:
             self.calls += 1
             cached = self._cache[text] = self._count(text)
         return cached
+
+    def bound(self, text: str) -> int:
+        """What `text` can add to a longer prompt: its count, or for a flooring estimate the
+        count rounded up (so the sum of the pieces is never below the count of the whole)."""
+        if self.additive:
+            return self(text)
+        return -(-len(text) // 4)
 
 
 @cache
@@ -53,5 +63,5 @@ def make_counter(name: str) -> TokenCounter:
         encoding = _cl100k()
         return TokenCounter(name, lambda text: len(encoding.encode_ordinary(text)))
     if name == "estimate":
-        return TokenCounter(name, _estimate)
+        return TokenCounter(name, _estimate, additive=False)
     raise ConfigError("tokenizer", None, f"unknown tokenizer {name!r}; expected one of {', '.join(TOKENIZERS)}")

@@ -65,7 +65,9 @@ def explain(facts: dict[str, Any]) -> Group:
     budget.add_row("reserve", f"{facts['reserve']:,} ({facts['reserve_source']})")
     budget.add_row("context", f"{context:,} (window {facts['window']:,}, max_context {facts['max_context']:,})")
     budget.add_row("tokenizer", facts["tokenizer"])
-    budget.add_row("messages", f"{facts['messages']:,}" + (f" (+{facts['hidden']} hidden)" if facts.get("hidden") else ""))
+    budget.add_row(
+        "messages", f"{facts['messages']:,}" + (f" (+{facts['hidden']} hidden)" if facts.get("hidden") else "")
+    )
     steps = Text()
     for number, step in enumerate(facts["steps"], start=1):
         steps.append(f"{number:>2}. ", style="dim")

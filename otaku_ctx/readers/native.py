@@ -194,7 +194,9 @@ def _check_scenes(b: _Builder) -> list[Scene]:
         if scenes:
             prev = scenes[-1]
             if scene.start <= prev.end:
-                b.error(line, f"{label} ({scene.start}–{scene.end}) overlaps scene {prev.ref} ({prev.start}–{prev.end})")
+                b.error(
+                    line, f"{label} ({scene.start}–{scene.end}) overlaps scene {prev.ref} ({prev.start}–{prev.end})"
+                )
             elif scene.start > prev.end + 1:
                 b.problems.append(
                     Problem(
@@ -225,7 +227,7 @@ def parse_lines(path: Path, lines: Iterable[tuple[int, str]]) -> tuple[Story, li
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
-            b.error(number, f"malformed JSON at column {exc.colno}: {exc.msg}")
+            b.error(number, f"malformed JSON at column {exc.pos + 1}: {exc.msg}")
             continue
         if not isinstance(obj, dict):
             b.error(number, f"expected a JSON object, found {type(obj).__name__}")

@@ -1,0 +1,304 @@
+"""Story readers: detection by content, and each format read into the same Story."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from otaku_ctx.errors import StoryError
+from otaku_ctx.readers import detect_format, read_story
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+OPENAI = FIXTURES / "openai-messages.jsonl"
+CHAT = FIXTURES / "sillytavern" / "seraphina-chat.jsonl"
+CARD_PNG = FIXTURES / "sillytavern" / "seraphina-card.png"
+RIVER = FIXTURES / "otaku" / "river.md"
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def raises_story_error(path: Path, line: int | None = None, source_format: str | None = None) -> StoryError:
+    """Read `path`, expecting a StoryError that names the file (and the line, when given)."""
+    with pytest.raises(StoryError) as caught:
+        read_story(path, source_format)
+    error = caught.value
+    assert str(path) in str(error)
+    if line is not None:
+        assert error.line == line
+        assert f"{path}:{line}:" in str(error)
+    return error
+
+
+def openai_array(tmp_path: Path) -> Path:
+    """The OpenAI fixture as one pretty-printed JSON array."""
+    rows = [json.loads(line) for line in OPENAI.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return write(tmp_path / "messages.json", json.dumps(rows, indent=2, ensure_ascii=False))
+
+
+# -- detection -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [(OPENAI, "native"), (CHAT, "sillytavern"), (RIVER, "otaku")],
+    ids=["openai-jsonl-is-native", "sillytavern-chat", "otaku-export"],
+)
+def test_detect_format_of_fixtures(path: Path, expected: str) -> None:
+    assert detect_format(path) == expected
+
+
+def test_detect_format_by_content_not_extension(tmp_path: Path) -> None:
+    assert detect_format(openai_array(tmp_path)) == "openai"
+    assert detect_format(write(tmp_path / "chat.txt", CHAT.read_text(encoding="utf-8"))) == "sillytavern"
+    assert detect_format(write(tmp_path / "river.jsonl", RIVER.read_text(encoding="utf-8"))) == "otaku"
+
+
+def test_random_text_matches_no_reader(tmp_path: Path) -> None:
+    path = write(tmp_path / "notes.txt", "Shopping list\n- eggs\n- milk\n")
+    error = raises_story_error(path)
+    assert "expected native story JSONL" in error.message
+    assert "SillyTavern" in error.message and "otaku" in error.message
+
+
+def test_png_given_as_story_matches_no_reader() -> None:
+    error = raises_story_error(CARD_PNG)
+    assert "PNG" in error.message and "expected" in error.message
+
+
+def test_card_json_given_as_story_is_refused(tmp_path: Path) -> None:
+    card = {"spec": "chara_card_v2", "spec_version": "2.0", "data": {"name": "Ilya", "first_mes": "Hi."}}
+    one_line = raises_story_error(write(tmp_path / "card.jsonl", json.dumps(card)))
+    assert "character card" in one_line.message
+    pretty = raises_story_error(write(tmp_path / "card.json", json.dumps(card, indent=2)))
+    assert "character card" in pretty.message
+
+
+def test_unknown_source_format() -> None:
+    error = raises_story_error(OPENAI, source_format="kobold")
+    assert "'kobold'" in error.message and "sillytavern" in error.message
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    error = raises_story_error(tmp_path / "nope.jsonl")
+    assert "no such file" in error.message
+
+
+# -- OpenAI messages -----------------------------------------------------------------------
+
+
+def test_openai_jsonl_reads_as_native() -> None:
+    story = read_story(OPENAI)
+    assert story.source_format == "native"
+    assert story.system.startswith("You are the narrator of a slow-burn mystery")
+    assert [(m.number, m.role, m.name) for m in story.messages] == [
+        (1, "user", "Ines"),
+        (2, "assistant", None),
+        (3, "user", "Ines"),
+        (4, "assistant", None),
+    ]
+    # Text is kept verbatim: special tokens and macros are the renderer's business.
+    assert "<|endoftext|>" in story.message(4).content and "{{char}}" in story.message(4).content
+
+
+def test_openai_jsonl_asked_for_as_openai() -> None:
+    native = read_story(OPENAI)
+    story = read_story(OPENAI, "openai")
+    assert story.source_format == "openai"
+    assert story.messages == native.messages and story.system == native.system
+
+
+def test_openai_jsonl_holds_messages_only(tmp_path: Path) -> None:
+    text = OPENAI.read_text(encoding="utf-8") + '{"type": "card", "name": "Alder"}\n'
+    path = write(tmp_path / "mixed.jsonl", text)
+    assert read_story(path).message(5).card is not None  # native takes the card
+    error = raises_story_error(path, line=6, source_format="openai")
+    assert "messages only" in error.message
+
+
+def test_openai_json_array(tmp_path: Path) -> None:
+    path = openai_array(tmp_path)
+    story = read_story(path)
+    native = read_story(OPENAI)
+    assert story.source_format == "openai"
+    assert story.system == native.system
+    assert [(m.role, m.name, m.content) for m in story.messages] == [
+        (m.role, m.name, m.content) for m in native.messages
+    ]
+    # Each message remembers the line its object starts on.
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[story.message(1).line - 1].strip() == "{"
+    assert '"name": "Ines",' in [line.strip() for line in lines[story.message(1).line : story.message(1).line + 3]]
+
+
+def test_openai_array_error_names_the_element_line(tmp_path: Path) -> None:
+    text = '[\n  {"role": "user", "content": "Hi"},\n  {"role": "narrator",\n   "content": "x"}\n]\n'
+    error = raises_story_error(write(tmp_path / "bad.json", text), line=3)
+    assert "narrator" in error.message
+
+
+def test_openai_array_missing_comma(tmp_path: Path) -> None:
+    text = '[\n  {"role": "user", "content": "Hi"}\n  {"role": "assistant", "content": "Hello"}\n]\n'
+    raises_story_error(write(tmp_path / "bad.json", text), line=3)
+
+
+# -- SillyTavern chats ---------------------------------------------------------------------
+
+
+def test_sillytavern_chat() -> None:
+    story = read_story(CHAT)
+    assert story.source_format == "sillytavern"
+    assert story.hidden == 1
+    assert len(story) == 6
+    assert (story.info.user, story.info.char) == ("Wren", "Seraphina")
+    assert [m.role for m in story.messages] == ["assistant", "user", "assistant", "user", "assistant", "user"]
+    assert [m.name for m in story.messages[:2]] == ["Seraphina", "Wren"]
+    assert all("hidden from the AI" not in m.content for m in story.messages)
+
+
+def test_sillytavern_selected_swipe_is_the_text() -> None:
+    rows = [json.loads(line) for line in CHAT.read_text(encoding="utf-8").splitlines()]
+    third = rows[3]
+    assert third["swipe_id"] == 1
+    story = read_story(CHAT)
+    assert story.message(3).content == third["swipes"][1]
+    assert story.message(3).line == 4
+
+
+def test_sillytavern_header_missing(tmp_path: Path) -> None:
+    rows = CHAT.read_text(encoding="utf-8").splitlines(keepends=True)
+    path = write(tmp_path / "chat.jsonl", "".join(rows[1:]))
+    error = raises_story_error(path, line=1)
+    assert "expected a SillyTavern header line with user_name and character_name" in error.message
+
+
+def test_sillytavern_swipe_id_out_of_range(tmp_path: Path) -> None:
+    rows = CHAT.read_text(encoding="utf-8").splitlines()
+    row = json.loads(rows[3])
+    row["swipe_id"] = 2
+    rows[3] = json.dumps(row, ensure_ascii=False)
+    error = raises_story_error(write(tmp_path / "chat.jsonl", "\n".join(rows) + "\n"), line=4)
+    assert "swipe_id 2" in error.message and "2 swipes" in error.message
+
+
+# -- otaku exports -------------------------------------------------------------------------
+
+
+def test_otaku_export_river() -> None:
+    story = read_story(RIVER)
+    assert story.source_format == "otaku"
+    assert len(story) == 16
+    assert story.info.title == "The River That Forgot Its Name"
+    assert story.system.startswith("You are the narrator of a quiet fantasy mystery.")
+    assert story.system.endswith("end each one on something Maren can act on.")
+    assert story.info.story_so_far.startswith("The traveling cartographer Maren came down")
+    assert [c.name for c in story.info.cast] == ["Maren", "Tallis"]
+    assert story.info.cast[1].description.startswith("ferryman of the vanished river")
+    assert "aka the ferryman" in story.info.cast[1].description
+    assert story.info.user == "Maren"
+
+
+def test_otaku_export_scenes() -> None:
+    first, second = read_story(RIVER).scenes
+    assert (first.id, first.start, first.end, first.title) == (1, 1, 6, "The Dry Bed")
+    assert (second.id, second.start, second.end, second.title) == (2, 7, 10, "The Map That Moved")
+    for scene in (first, second):
+        assert scene.summary and scene.history
+        # Character sections (#### Maren ...) are character state, not the scene's texts.
+        for text in (scene.summary, scene.history):
+            assert "**State:**" not in text and "**Entry:**" not in text and "####" not in text
+        assert "**History:**" not in scene.summary
+    assert first.summary.startswith("Maren, a traveling cartographer, follows the post road")
+    assert second.summary.endswith("sets out alone along the towpath for Harrow Lock.")
+    assert second.history == read_story(RIVER).info.story_so_far
+
+
+def test_otaku_export_messages() -> None:
+    story = read_story(RIVER)
+    assert [m.number for m in story.messages] == list(range(1, 17))
+    assert (story.message(1).role, story.message(1).name) == ("user", "Maren")
+    assert (story.message(2).role, story.message(2).name) == ("assistant", None)
+    assert story.message(1).content == (
+        "I follow the post road down into the Meade valley, checking the hills against my survey as I go."
+    )
+    assert story.message(3).content == (
+        "((OOC: The user writes as Maren.))\nI kneel at the bank and press my palm to the riverbed."
+    )
+    assert story.message(2).content.endswith("its guide-rope still strung taut across the empty air.")
+    assert "\n\nThe river is not there.\n\n" in story.message(2).content
+    # The closing otk-question block is what the user saw: it stays in the text.
+    last = story.message(16).content
+    assert "```otk-question\nDo you follow the water into the culvert?" in last
+    assert last.endswith("3. I climb out and go back for Tallis\n```")
+
+
+def test_otaku_unknown_format_version(tmp_path: Path) -> None:
+    text = RIVER.read_text(encoding="utf-8").replace("format-version: 3", "format-version: 4")
+    error = raises_story_error(write(tmp_path / "river.md", text), line=5)
+    assert "format-version 4" in error.message and "format-version 3" in error.message
+
+
+def test_otaku_messages_out_of_order(tmp_path: Path) -> None:
+    text = RIVER.read_text(encoding="utf-8").replace("### 4 · assistant", "### 5 · assistant")
+    path = write(tmp_path / "river.md", text)
+    line = text.splitlines().index("### 5 · assistant") + 1
+    error = raises_story_error(path, line=line)
+    assert "message 5 where message 4 was expected" in error.message
+
+
+SMALL_EXPORT = """\
+# Small
+
+<!-- otaku export
+format-version: 3
+-->
+
+## Scenes
+
+### 1 · Arrival
+- **Messages:** 1-{end}
+
+They arrive.
+
+## Messages
+
+### 1 · user · Ines
+I knock.
+
+### 2 · card · Alder
+The lighthouse keeper, gone missing.
+
+### 3 · assistant · Alder · "{{body}}\\n(The lamp turns.)"
+Come in.
+
+```
+### 4 · user · not a heading
+```
+"""
+
+
+def test_otaku_card_messages_and_fences(tmp_path: Path) -> None:
+    story = read_story(write(tmp_path / "small.md", SMALL_EXPORT.format(end=3)))
+    assert len(story) == 3
+    card = story.message(2)
+    assert card.card is not None and card.name == "Alder"
+    assert card.card.description == "The lighthouse keeper, gone missing."
+    assert story.message(3).name == "Alder"
+    assert story.message(3).content == ("Come in.\n\n```\n### 4 · user · not a heading\n```\n(The lamp turns.)")
+    assert story.scenes[0].summary == "They arrive." and story.scenes[0].history == ""
+    assert story.system == "" and story.info.cast == ()
+
+
+def test_otaku_scene_beyond_the_messages(tmp_path: Path) -> None:
+    path = write(tmp_path / "small.md", SMALL_EXPORT.format(end=9))
+    error = raises_story_error(path, line=9)
+    assert "runs to message 9" in error.message
+
+
+def test_openai_empty_array(tmp_path: Path) -> None:
+    error = raises_story_error(write(tmp_path / "empty.json", "[\n]\n"), line=2)
+    assert "empty" in error.message

@@ -1,0 +1,224 @@
+"""Each example of otaku's context design (seed 001) as a named test, with the seed's numbers.
+
+A unit pricer gives each kind of part a round cost, so the fit tests read like the seed:
+a message is 10 tokens, a card 3, a summary 100, a history 150.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from stories import story
+
+from otaku_ctx.assembler import Assembly, Part, Shape, assemble, covered_chain, rungs
+
+COST = {"message": 10, "card": 3, "summary": 100, "history": 150}
+SEED = Shape(head=20, min_tail=150, tail_step=50, tail_floor=50)
+ROOMY = 10**9
+
+
+@dataclass
+class UnitPricer:
+    fixed_cost: int = 0
+    exact_calls: list[int] = field(default_factory=list)
+
+    def fixed(self) -> int:
+        return self.fixed_cost
+
+    def part(self, part: Part) -> int:
+        return COST[part.kind]
+
+    def exact(self, assembly: Assembly) -> int:
+        total = self.fixed_cost + sum(self.part(p) for p in assembly.parts)
+        self.exact_calls.append(total)
+        return total
+
+
+def numbers(messages) -> tuple[int, int]:
+    return messages[0].number, messages[-1].number
+
+
+def recap(a: Assembly) -> list[str]:
+    out = []
+    for p in a.recap:
+        if p.kind == "card":
+            out.append(f"card {p.message.number}")
+        else:
+            out.append(f"{p.kind} {p.scene.ref}")
+    return out
+
+
+SCENES_220 = [(1, 25), (26, 42), (43, 64), (65, 95)]
+
+
+def test_case_1_short_story_is_all_verbatim():
+    """Fewer messages than 20 + 150 = 170: everything verbatim, even with summaries."""
+    s = story(160, [(1, 40), (41, 80)])
+    a = assemble(s, SEED, ROOMY, UnitPricer())
+    assert a.case == 1
+    assert numbers(a.head) == (1, 20)
+    assert numbers(a.tail) == (21, 160)
+    assert a.recap == ()
+
+
+def test_case_2_no_summary_yet_is_all_verbatim():
+    s = story(220, SCENES_220, summarized=[])
+    a = assemble(s, SEED, ROOMY, UnitPricer())
+    assert a.case == 2
+    assert numbers(a.head) == (1, 20) and numbers(a.tail) == (21, 220)
+    assert a.recap == ()
+    assert "scene 1 has no summary" in a.steps[1]
+
+
+def test_case_3_option_a():
+    """220 messages; 220 − 150 = 70, and scene 4 (65–95) holds it, so the tail starts at 65."""
+    s = story(220, SCENES_220)
+    a = assemble(s, SEED, ROOMY, UnitPricer())
+    assert a.case == 3
+    assert numbers(a.head) == (1, 20)
+    assert recap(a) == ["summary 1", "summary 2", "summary 3"]
+    assert numbers(a.tail) == (65, 220)
+    assert "not before message 70 (220 − 150)" in a.steps[1]
+
+
+def test_case_3_option_b_only_two_scenes_summarized():
+    s = story(220, SCENES_220, summarized=[1, 2])
+    a = assemble(s, SEED, ROOMY, UnitPricer())
+    assert a.case == 3
+    assert recap(a) == ["summary 1", "summary 2"]
+    assert numbers(a.tail) == (43, 220)
+
+
+def test_case_3_card_at_message_47_stands_before_its_scene_summary():
+    s = story(220, SCENES_220, cards=[47])
+    a = assemble(s, SEED, ROOMY, UnitPricer())
+    assert a.case == 3
+    assert recap(a) == ["summary 1", "summary 2", "card 47", "summary 3"]
+    assert numbers(a.tail) == (65, 220)
+
+
+def test_covered_chain_is_the_seed_chain():
+    s = story(220, SCENES_220)
+    assert [sc.ref for sc in covered_chain(s, SEED, 150).scenes] == [1, 2, 3]
+    assert [sc.ref for sc in covered_chain(s, SEED, 100).scenes] == [1, 2, 3, 4]
+
+
+# Case 4: 728 messages, 12 scenes of 48; cards at 60 (scene 2), 150 (scene 4), 300 (scene 7).
+SCENES_728 = [(48 * (k - 1) + 1, 48 * k) for k in range(1, 13)]
+CARDS_728 = [60, 150, 300]
+
+
+def case4_story(**kw):
+    return story(728, SCENES_728, cards=CARDS_728, **kw)
+
+
+def test_case_4_history_of_scene_4_replaces_summaries_1_to_4():
+    """Head 200 + tail 577–728 (152 × 10) + cards 9 = 1,729; level k adds 150 + 100 × (12 − k).
+    Level 3 is 2,779 and level 4 is 2,679: with a limit of 2,700, level 4 wins."""
+    s = case4_story()
+    pricer = UnitPricer()
+    a = assemble(s, SEED, 2700, pricer)
+    assert a.case == 4
+    assert a.level == 4
+    assert numbers(a.head) == (1, 20)
+    assert recap(a) == (
+        ["card 60", "card 150", "history 4"]
+        + [f"summary {k}" for k in (5, 6)]
+        + ["card 300"]
+        + [f"summary {k}" for k in range(7, 13)]
+    )
+    assert [m.number for m in a.floated_cards] == [60, 150]
+    assert a.history.ref == 4
+    assert numbers(a.tail) == (577, 728)
+    assert a.tokens == 2679
+    assert any(step.startswith("level 3:") and "2,779 > 2,700" in step for step in a.steps)
+    assert any(step.startswith("level 4:") and "2,679 ≤ 2,700" in step for step in a.steps)
+    assert pricer.exact_calls == [2679]  # only the winner is rendered and counted
+
+
+def test_case_4_level_without_history_does_not_exist():
+    s = case4_story(histories=[k for k in range(1, 13) if k != 4])
+    a = assemble(s, SEED, 2700, UnitPricer())
+    assert a.level == 5
+    assert "level 4: scene 4 has no history — skipped" in a.steps
+    assert [m.number for m in a.floated_cards] == [60, 150]
+
+
+def test_case_4_cards_float_in_story_order_when_all_scenes_drop():
+    s = case4_story()
+    a = assemble(s, SEED, 1729 + 150, UnitPricer())
+    assert a.level == 12
+    assert recap(a) == ["card 60", "card 150", "card 300", "history 12"]
+
+
+def test_case_5_tail_drops_150_to_100():
+    """At target 150 (scenes 1–12 covered, tail 577–728) even level 12 is 200 + 1,520 + 150 =
+    1,870 > 1,500. At 100, scene 13 (577–624) is covered too and the tail is 625–728: level 12
+    (history 12, summary 13) is 200 + 1,040 + 150 + 100 = 1,490 ≤ 1,500."""
+    scenes = [(48 * (k - 1) + 1, 48 * k) for k in range(1, 15)]  # 14 scenes to 672
+    s = story(728, scenes)
+    a = assemble(s, SEED, 1500, UnitPricer())
+    assert a.case == 5
+    assert a.tail_target == 100
+    assert numbers(a.tail) == (625, 728)
+    assert a.history.ref == 12
+    assert [sc.ref for sc in a.summaries] == [13]
+    assert a.tokens == 1490
+
+
+def test_case_5_tail_drops_to_the_floor_of_50():
+    scenes = [(48 * (k - 1) + 1, 48 * k) for k in range(1, 15)]
+    s = story(728, scenes)
+    a = assemble(s, SEED, 1000, UnitPricer())
+    assert a.case == 5
+    assert a.tail_target == 50
+    assert numbers(a.tail) == (673, 728)
+    assert any(step.startswith("tail target 100") for step in a.steps)
+
+
+def test_rungs_are_150_100_50():
+    assert rungs(SEED) == [150, 100, 50]
+    assert rungs(Shape(min_tail=120, tail_step=50, tail_floor=50)) == [120, 70, 50]
+    assert rungs(Shape(min_tail=30, tail_floor=50)) == [30]
+
+
+def test_case_6_refuses_and_says_why():
+    s = case4_story(histories=[])
+    a = assemble(s, SEED, 500, UnitPricer(), reserve=1000)
+    assert a.case == 6
+    r = a.refusal
+    assert r is not None
+    # At the floor (50): scenes up to 672 is not possible (12 scenes end at 576), so the
+    # smallest is head 200 + tail 577–728 1,520 + cards 9 + 12 summaries 1,200 = 2,929.
+    assert r.smallest == 2929
+    assert r.needed_context == 3929
+    assert r.missing_histories == tuple(range(1, 13))
+    assert "2,929" in r.explain() and "3,929" in r.explain()
+
+
+def test_case_6_names_the_scene_without_a_summary():
+    s = story(728, SCENES_728, summarized=[1, 2, 3, 5, 6])
+    a = assemble(s, SEED, 100, UnitPricer())
+    assert a.case == 6
+    assert a.refusal.missing_summaries[0] == 4
+    assert "scenes without a summary: 4" in a.refusal.explain()
+
+
+def test_the_exact_count_can_overrule_the_estimate():
+    """A candidate that fits by its parts but renders larger is rejected, never emitted."""
+
+    class Sneaky(UnitPricer):
+        def exact(self, assembly: Assembly) -> int:
+            return super().exact(assembly) + (1000 if assembly.level == 4 else 0)
+
+    a = assemble(case4_story(), SEED, 2700, Sneaky())
+    assert a.level == 5
+    assert any("rendered prompt is" in step for step in a.steps)
+
+
+@pytest.mark.parametrize("limit", [2700, 2000, 1500])
+def test_fit_is_to_the_token(limit):
+    a = assemble(case4_story(), SEED, limit, UnitPricer())
+    if a.case != 6:
+        assert a.tokens <= limit
