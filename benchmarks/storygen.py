@@ -15,8 +15,23 @@ import random
 import sys
 from pathlib import Path
 
-PLACES = ["the lighthouse", "the salt market", "the drowned chapel", "the ferry landing", "the archive", "the ridge road"]
-THINGS = ["a brass key", "the logbook", "a torn map", "the lantern", "a sealed letter", "the tide table", "a silver bell"]
+PLACES = [
+    "the lighthouse",
+    "the salt market",
+    "the drowned chapel",
+    "the ferry landing",
+    "the archive",
+    "the ridge road",
+]
+THINGS = [
+    "a brass key",
+    "the logbook",
+    "a torn map",
+    "the lantern",
+    "a sealed letter",
+    "the tide table",
+    "a silver bell",
+]
 PEOPLE = ["Keeper Alder", "Ilya", "the harbourmaster", "Sister Wren", "the ferryman", "old Tamsin"]
 VERBS = ["studies", "pockets", "lifts", "turns over", "hides", "holds up", "listens to"]
 MOODS = ["quietly", "with a frown", "too quickly", "as if it might bite", "without a word", "carefully"]

@@ -9,9 +9,9 @@ import math
 from dataclasses import dataclass
 
 from .assembler import Assembly, Shape, assemble
-from .config import Settings
+from .config import Settings, otaku_home
 from .model import Story
-from .render import BlockPricer, Names, PlainRenderer, emitted
+from .prompt import EMITS, Names, PromptRenderer, PromptSettings, TemplatePricer, Variables, find_format, load_template
 from .tokens import TokenCounter, make_counter
 
 
@@ -78,12 +78,34 @@ def budget_of(story: Story, settings: Settings, count: TokenCounter) -> Budget:
     return Budget(settings["model.window"], settings["context.max_context"], reserve, why)
 
 
-def build(story: Story, settings: Settings, *, emit: str = "text", user: str | None = None) -> Built:
+def renderer_for(story: Story, settings: Settings, *, emit: str = "text", reserve: int = 0) -> PromptRenderer:
+    """The configured template, format and emit form, ready to render this story."""
+    if emit not in EMITS:
+        from .errors import ConfigError
+
+        raise ConfigError("--emit", None, f"unknown emit form {emit!r}; expected one of {', '.join(EMITS)}")
+    p = settings.values["prompt"]
+    home = otaku_home()
+    names = Names.of(story, p["user"] or None)
+    variables = Variables(
+        story,
+        names,
+        PromptSettings(
+            post_history_depth=p["post_history_depth"],
+            instructions=p["instructions"],
+            post_history_instructions=p["post_history_instructions"],
+            card_template=p["card_template"],
+        ),
+    )
+    return PromptRenderer(variables, load_template(p["template"], home), find_format(p["format"], home), emit, reserve)
+
+
+def build(story: Story, settings: Settings, *, emit: str = "text") -> Built:
     """Assemble the story for the configured window and render the prompt (cases 1–6)."""
     count = make_counter(settings["model.tokenizer"])
     budget = budget_of(story, settings, count)
-    renderer = PlainRenderer(story, Names.of(story, user))
-    pricer = BlockPricer(renderer, count, emit)
+    renderer = renderer_for(story, settings, emit=emit, reserve=budget.reserve)
+    pricer = TemplatePricer(renderer, count)
     assembly = assemble(story, shape_of(settings), budget.limit, pricer, reserve=budget.reserve)
-    prompt = None if assembly.refusal else emitted(renderer.blocks(assembly), emit)
+    prompt = None if assembly.refusal else renderer.emitted(renderer.blocks(assembly))
     return Built(assembly, budget, count.name, prompt)

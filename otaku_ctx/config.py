@@ -16,6 +16,14 @@ from typing import Any
 from .errors import ConfigError
 from .tokens import TOKENIZERS
 
+DEFAULT_CARD_TEMPLATE = (
+    "{{name}} joins the story.\n"
+    "{{#if description}}{{description}}\n{{/if}}"
+    "{{#if personality}}{{name}}'s personality: {{personality}}\n{{/if}}"
+    "{{#if scenario}}Scenario: {{scenario}}\n{{/if}}"
+    "{{#if exampleDialogue}}Example dialogue:\n{{exampleDialogue}}\n{{/if}}"
+)
+
 
 @dataclass(frozen=True)
 class Key:
@@ -37,6 +45,17 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "reserve_replies": Key(5, "int", "auto reserve: look at this many of the last assistant replies"),
         "reserve_factor": Key(1.2, "float", "auto reserve: the longest of them times this"),
         "reserve_default": Key(1024, "int", "auto reserve before any assistant reply exists"),
+    },
+    "prompt": {
+        "template": Key("default", "str", "context template: default, serene, sillytavern, or a .hbs path"),
+        "format": Key(
+            "chat", "str", "prompt format: chat, chatml, llama3, mistral, alpaca, vicuna, gemma, raw, or a path"
+        ),
+        "post_history_depth": Key(0, "int", "post-history reminder: 0 = just before the reply, N = N messages earlier"),
+        "instructions": Key("", "str", "instructions for {{instructions}} when the story has none"),
+        "post_history_instructions": Key("", "str", "the reminder's instructions (postHistory.instructions)"),
+        "card_template": Key(DEFAULT_CARD_TEMPLATE, "str", "how a card message reads (Handlebars)"),
+        "user": Key("", "str", "the user's persona name when the story does not say"),
     },
     "model": {
         "window": Key(8192, "int", "the model's context window in tokens"),
@@ -161,11 +180,15 @@ def default_toml() -> str:
     """The documented default config file (what `ctx config init` writes), via tomli-w."""
     import tomli_w
 
-    lines = ["# otaku-ctx settings. Every value here is the built-in default.", ""]
+    lines = [
+        "# otaku-ctx settings (~/.otaku/configs/config.toml). Every value here is the built-in",
+        "# default; delete a line to keep the default, change it to override.",
+        "",
+    ]
     for section, keys in SCHEMA.items():
         lines.append(f"[{section}]")
         for name, key in keys.items():
-            rendered = tomli_w.dumps({name: key.default}).strip()
-            lines.append(f"{rendered:<28} # {key.help}")
+            lines.append(f"# {key.help}")
+            lines.append(tomli_w.dumps({name: key.default}, multiline_strings=True).strip())
         lines.append("")
     return "\n".join(lines)

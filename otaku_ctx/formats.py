@@ -296,6 +296,17 @@ def render_messages(fmt: Format, blocks: Sequence[Block]) -> list[dict[str, str]
     return messages
 
 
+def wrap_block(fmt: Format, block: Block) -> str:
+    """One block as the format writes it on its own (prefix, text, suffix; the open turn
+    without a suffix): what the block adds to a text prompt, for pricing."""
+    role = "user" if fmt.system_same_as_user and block.role == "system" else block.role
+    separator = "\n" if fmt.wrap else ""
+    if block.open:
+        return _open_turn(fmt, Block(role, block.text, open=True), separator)
+    prefix, suffix = _sequences(fmt, role, first_output=False)
+    return prefix + (separator if prefix else "") + block.text + (suffix or separator)
+
+
 def stop_sequences(fmt: Format, names: Sequence[str]) -> list[str]:
     """The format's stop strings, then "\\n{name}:" for each participant, each once."""
     return list(_unique([*fmt.stop, *(f"\n{name}:" for name in names if name.strip())]))

@@ -14,8 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from otaku_ctx.assembler import Assembly, Shape, assemble
+from otaku_ctx.build import renderer_for
+from otaku_ctx.config import load_settings
 from otaku_ctx.model import Card, Message, Scene, Story
-from otaku_ctx.render import BlockPricer, Names, PlainRenderer, emitted
+from otaku_ctx.prompt import TemplatePricer
 from otaku_ctx.tokens import make_counter
 
 WORDS = ["river", "lamp", "{{char}}", "<|endoftext|>", "}}", "Ilya", "the", "\n", "ü", "🙂", "{{#each x}}", "…"]
@@ -123,24 +125,36 @@ def check_invariants(s: Story, a: Assembly) -> None:
     assert not (set(cards_in_recap) & verbatim)
 
 
-def run(s: Story, shape: Shape, fraction: float, reserve: int, emit: str, tokenizer: str) -> None:
+def run(
+    s: Story,
+    shape: Shape,
+    fraction: float,
+    reserve: int,
+    emit: str,
+    tokenizer: str,
+    template: str = "default",
+    fmt: str = "chat",
+) -> None:
     """`fraction` sets the window against the whole story's size, so every case is reached."""
     counter = make_counter(tokenizer)
     whole = sum(counter(m.content) + 8 for m in s.messages) + counter(s.system)
     window = max(1, int(whole * fraction))
-    renderer = PlainRenderer(s, Names.of(s))
-    pricer = BlockPricer(renderer, counter, emit)
+    settings = load_settings(overrides={"prompt.template": (template, "test"), "prompt.format": (fmt, "test")})
+    renderer = renderer_for(s, settings, emit=emit, reserve=reserve)
+    pricer = TemplatePricer(renderer, counter)
     limit = window - reserve
     a = assemble(s, shape, limit, pricer, reserve=reserve)
     check_invariants(s, a)
     if a.refusal is None:
-        prompt = emitted(renderer.blocks(a), emit)
+        blocks = renderer.blocks(a)
         fresh = make_counter(tokenizer)
-        if emit == "messages":
-            assert pricer.tokens(renderer.blocks(a)) == a.tokens
+        if emit in ("messages", "openai-chat"):
+            counted = TemplatePricer(renderer, fresh).tokens(blocks)
         else:
-            assert fresh(prompt) == a.tokens
+            counted = fresh(renderer.text(blocks))
+        assert counted == a.tokens
         assert a.tokens <= limit
+        assert renderer.emitted(blocks)  # renders without error
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -156,6 +170,16 @@ def test_invariants_estimate_messages(s: Story, shape: Shape, fraction: float, r
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(chained_stories(), shapes, st.floats(0.05, 1.2), st.integers(0, 40))
-def test_invariants_chained_cl100k_text(s: Story, shape: Shape, fraction: float, reserve: int) -> None:
-    run(s, shape, fraction, reserve, "text", "cl100k_base")
+@given(
+    chained_stories(),
+    shapes,
+    st.floats(0.05, 1.2),
+    st.integers(0, 40),
+    st.sampled_from(["text", "messages", "openai-chat", "openai-completion"]),
+    st.sampled_from(["default", "serene", "sillytavern"]),
+    st.sampled_from(["chat", "chatml", "llama3", "mistral", "alpaca", "vicuna", "gemma", "raw"]),
+)
+def test_invariants_any_template_and_format(
+    s: Story, shape: Shape, fraction: float, reserve: int, emit: str, template: str, fmt: str
+) -> None:
+    run(s, shape, fraction, reserve, emit, "cl100k_base", template, fmt)
