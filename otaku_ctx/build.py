@@ -6,12 +6,17 @@ No Typer, no Rich, no printing: the CLI shows what this returns.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from .assembler import Assembly, Shape, assemble
+from .cards import add_cards, read_card
 from .config import Settings, otaku_home
+from .errors import ConfigError
 from .model import Story
 from .prompt import EMITS, Names, PromptRenderer, PromptSettings, TemplatePricer, Variables, find_format, load_template
+from .readers import read_story
 from .tokens import TokenCounter, make_counter
 
 
@@ -78,11 +83,17 @@ def budget_of(story: Story, settings: Settings, count: TokenCounter) -> Budget:
     return Budget(settings["model.window"], settings["context.max_context"], reserve, why)
 
 
+def open_story(path: Path, source_format: str | None = None, cards: Sequence[Path] = ()) -> Story:
+    """Read a story (any supported format) and add each card file as a card message at the start."""
+    story = read_story(path, source_format)
+    if cards:
+        story = add_cards(story, [read_card(card) for card in cards])
+    return story
+
+
 def renderer_for(story: Story, settings: Settings, *, emit: str = "text", reserve: int = 0) -> PromptRenderer:
     """The configured template, format and emit form, ready to render this story."""
     if emit not in EMITS:
-        from .errors import ConfigError
-
         raise ConfigError("--emit", None, f"unknown emit form {emit!r}; expected one of {', '.join(EMITS)}")
     p = settings.values["prompt"]
     home = otaku_home()

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from . import __version__
-from .build import Built, build
+from .build import Built, build, open_story
 from .config import SCHEMA, Settings, default_config_path, default_toml, load_settings
-from .errors import ConfigError, ContextOverflow, OtakuError
+from .convert import to_native_text
+from .errors import ConfigError, ContextOverflow, OtakuError, StoryError
 from .files import write_atomic
-from .readers import read_story
-from .readers.native import check_native
+from .prompt import EMITS
+from .readers import READERS, detect_format
+from .readers.native import Problem, check_native
 from .report import facts
 
 app = typer.Typer(
@@ -28,33 +31,64 @@ app = typer.Typer(
 config_app = typer.Typer(no_args_is_help=True, help="Write or show the settings.")
 app.add_typer(config_app, name="config")
 
-Story = Annotated[Path, typer.Argument(help="The story file.", show_default=False, metavar="STORY")]
+StoryArg = Annotated[Path, typer.Argument(help="The story file.", show_default=False, metavar="STORY")]
 ConfigPath = Annotated[
     Path | None, typer.Option("--config", help="Read this config file instead of ~/.otaku/configs/config.toml.")
 ]
+From = Annotated[
+    str | None, typer.Option("--from", help=f"Read the story as {'|'.join(READERS)} (default: by content).")
+]
+Cards = Annotated[list[Path] | None, typer.Option("--card", help="Add a character card (JSON or PNG); repeatable.")]
 Window = Annotated[int | None, typer.Option("--window", help="The model's window in tokens.")]
 MaxContext = Annotated[int | None, typer.Option("--max-context", help="Use at most this many tokens (0 = the window).")]
 Head = Annotated[int | None, typer.Option("--head", help="Opening messages kept verbatim.")]
 Tail = Annotated[int | None, typer.Option("--tail", help="At least this many recent messages kept verbatim.")]
 Reserve = Annotated[str | None, typer.Option("--reserve", help='Tokens kept free for the reply, or "auto".')]
 Tokenizer = Annotated[str | None, typer.Option("--tokenizer", help="cl100k_base (exact) or estimate (len/4).")]
+Template = Annotated[str | None, typer.Option("--template", help="Context template: a name or a .hbs path.")]
+Format = Annotated[
+    str | None, typer.Option("--format", help="Prompt format: a name, a .toml, or a SillyTavern preset .json.")
+]
+User = Annotated[str | None, typer.Option("--user", help="The user's persona name ({{user}}).")]
+Emit = Annotated[str, typer.Option("--emit", help=f"What to print: {', '.join(EMITS)}.")]
 Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks.")]
 
 FLAGS = {
-    "--window": "model.window",
-    "--max-context": "context.max_context",
-    "--head": "context.head_messages",
-    "--tail": "context.min_tail_messages",
-    "--reserve": "context.reply_reserve",
-    "--tokenizer": "model.tokenizer",
+    "window": ("--window", "model.window"),
+    "max_context": ("--max-context", "context.max_context"),
+    "head": ("--head", "context.head_messages"),
+    "tail": ("--tail", "context.min_tail_messages"),
+    "reserve": ("--reserve", "context.reply_reserve"),
+    "tokenizer": ("--tokenizer", "model.tokenizer"),
+    "template": ("--template", "prompt.template"),
+    "format": ("--format", "prompt.format"),
+    "user": ("--user", "prompt.user"),
 }
 
 
-def settings_from(config: Path | None, **flags: Any) -> Settings:
-    """The file's settings with every given flag on top (flags win)."""
+@dataclass(frozen=True)
+class Request:
+    """What `build` and `inspect` share: where the story is, and the settings to build it with."""
+
+    story: Path
+    source_format: str | None
+    cards: list[Path]
+    settings: Settings
+
+    def run(self, emit: str) -> tuple[Built, int]:
+        story = open_story(self.story, self.source_format, self.cards)
+        return build(story, self.settings, emit=emit), story.hidden
+
+
+def request(
+    story: Path, source_format: str | None, cards: list[Path] | None, config: Path | None, **flags: Any
+) -> Request:
+    """The story and the file's settings with every given flag on top (flags win)."""
+    if source_format is not None and source_format not in READERS:
+        raise typer.BadParameter(f"{source_format!r}; expected one of {', '.join(READERS)}", param_hint="--from")
     overrides: dict[str, tuple[Any, str]] = {}
-    for flag, dotted in FLAGS.items():
-        value = flags.get(flag.lstrip("-").replace("-", "_"))
+    for name, (flag, dotted) in FLAGS.items():
+        value = flags.get(name)
         if value is None:
             continue
         if flag == "--reserve" and value != "auto":
@@ -63,23 +97,23 @@ def settings_from(config: Path | None, **flags: Any) -> Settings:
             except ValueError:
                 raise ConfigError(flag, None, f'expected a number of tokens ≥ 0 or "auto", got {value!r}') from None
         overrides[dotted] = (value, flag)
-    return load_settings(config.expanduser() if config else None, overrides, explicit=config is not None)
-
-
-def _build(story_path: Path, settings: Settings, emit: str = "text") -> tuple[Built, int]:
-    story = read_story(story_path)
-    return build(story, settings, emit=emit), story.hidden
+    path = config.expanduser() if config else None
+    settings = load_settings(path, overrides, explicit=config is not None)
+    return Request(story, source_format, list(cards or []), settings)
 
 
 @app.command("build")
 def build_cmd(
-    story: Story,
+    story: StoryArg,
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="Write the prompt to this file (atomically).")
     ] = None,
-    emit: Annotated[
-        str, typer.Option("--emit", help="text (a transcript) or messages (a JSON list of role messages).")
-    ] = "text",
+    emit: Emit = "text",
+    source_format: From = None,
+    card: Cards = None,
+    template: Template = None,
+    format: Format = None,
+    user: User = None,
     config: ConfigPath = None,
     window: Window = None,
     max_context: MaxContext = None,
@@ -90,12 +124,9 @@ def build_cmd(
     debug: Debug = False,
 ) -> None:
     """Print the prompt for STORY on stdout (only the prompt; diagnostics go to stderr)."""
-    if emit not in ("text", "messages"):
-        raise typer.BadParameter(f"{emit!r}; expected text or messages", param_hint="--emit")
-    settings = settings_from(
-        config, window=window, max_context=max_context, head=head, tail=tail, reserve=reserve, tokenizer=tokenizer
-    )
-    built, _ = _build(story, settings, emit)
+    flags = dict(window=window, max_context=max_context, head=head, tail=tail, reserve=reserve, tokenizer=tokenizer)
+    req = request(story, source_format, card, config, template=template, format=format, user=user, **flags)
+    built, _ = req.run(emit)
     a = built.assembly
     if a.refusal:
         raise ContextOverflow(a, f"{story}: {a.refusal.explain()}")
@@ -103,19 +134,24 @@ def build_cmd(
     if output:
         write_atomic(output, built.prompt)
     else:
-        sys.stdout.write(built.prompt + ("\n" if sys.stdout.isatty() and not built.prompt.endswith("\n") else ""))
+        newline = "\n" if sys.stdout.isatty() and not built.prompt.endswith("\n") else ""
+        sys.stdout.write(built.prompt + newline)
+        sys.stdout.flush()
     if sys.stderr.isatty():
         typer.echo(f"case {a.case} · {a.tokens:,} of {a.limit:,} tokens ({built.tokenizer})", err=True)
 
 
 @app.command("inspect")
 def inspect_cmd(
-    story: Story,
-    explain: Annotated[
-        bool, typer.Option("--explain", help="Draw the case, the sections, the budget and every step.")
-    ] = False,
+    story: StoryArg,
+    explain: Annotated[bool, typer.Option("--explain", help="Draw the case, sections, budget and every step.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the same facts as JSON.")] = False,
-    emit: Annotated[str, typer.Option("--emit", help="Count the prompt as this emit form would print it.")] = "text",
+    emit: Emit = "text",
+    source_format: From = None,
+    card: Cards = None,
+    template: Template = None,
+    format: Format = None,
+    user: User = None,
     config: ConfigPath = None,
     window: Window = None,
     max_context: MaxContext = None,
@@ -125,11 +161,10 @@ def inspect_cmd(
     tokenizer: Tokenizer = None,
     debug: Debug = False,
 ) -> None:
-    """Show why the prompt for STORY looks the way it does."""
-    settings = settings_from(
-        config, window=window, max_context=max_context, head=head, tail=tail, reserve=reserve, tokenizer=tokenizer
-    )
-    built, hidden = _build(story, settings, emit)
+    """Show why the prompt for STORY looks the way it does (the explanation is the default)."""
+    flags = dict(window=window, max_context=max_context, head=head, tail=tail, reserve=reserve, tokenizer=tokenizer)
+    req = request(story, source_format, card, config, template=template, format=format, user=user, **flags)
+    built, hidden = req.run(emit)
     data = facts(built, hidden)
     if as_json:
         sys.stdout.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
@@ -143,9 +178,17 @@ def inspect_cmd(
 
 
 @app.command("validate")
-def validate_cmd(story: Story, debug: Debug = False) -> None:
+def validate_cmd(story: StoryArg, source_format: From = None, debug: Debug = False) -> None:
     """Report every problem of STORY at once; exit 1 when any is an error."""
-    _, problems = check_native(story)
+    kind = source_format or detect_format(story)
+    if kind == "native":
+        _, problems = check_native(story)
+    else:  # the other readers stop at their first error
+        try:
+            open_story(story, kind)
+            problems = []
+        except StoryError as exc:
+            problems = [Problem(exc.line, exc.message)]
     errors = 0
     for p in problems:
         where = f"{story}:{p.line}" if p.line else str(story)
@@ -153,7 +196,27 @@ def validate_cmd(story: Story, debug: Debug = False) -> None:
         errors += p.severity == "error"
     if errors:
         raise typer.Exit(1)
-    typer.echo(f"{story}: ok" + (f" ({len(problems)} warnings)" if problems else ""), err=True)
+    warnings = f" ({len(problems)} warning{'s' * (len(problems) != 1)})" if problems else ""
+    typer.echo(f"{story}: ok, {kind}{warnings}", err=True)
+
+
+@app.command("convert")
+def convert_cmd(
+    story: StoryArg,
+    output: Annotated[Path, typer.Option("-o", "--output", help="The native JSONL file to write (atomically).")],
+    source_format: From = None,
+    card: Cards = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    debug: Debug = False,
+) -> None:
+    """Write STORY (any readable format) as native JSONL."""
+    if output.exists() and not force:
+        raise ConfigError(str(output), None, "already exists; pass --force to overwrite it")
+    if output.resolve() == story.resolve():
+        raise ConfigError(str(output), None, "is the story itself; a story file is never modified")
+    converted = open_story(story, source_format, card or [])
+    write_atomic(output, to_native_text(converted))
+    typer.echo(f"wrote {output}: {len(converted)} messages, {len(converted.scenes)} scenes", err=True)
 
 
 @config_app.command("init")
@@ -180,17 +243,17 @@ def config_show(
     """Print the effective settings and where each came from."""
     settings = load_settings(config.expanduser() if config else None, explicit=config is not None)
     rows = [
-        (f"{section}.{key}", json.dumps(settings.values[section][key]), settings.sources[f"{section}.{key}"])
+        (f"{section}.{key}", settings.values[section][key], settings.sources[f"{section}.{key}"])
         for section, keys in SCHEMA.items()
         for key in keys
     ]
     if as_json:
-        out = {name: {"value": json.loads(value), "from": source} for name, value, source in rows}
-        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        out = {name: {"value": value, "from": source} for name, value, source in rows}
+        sys.stdout.write(json.dumps(out, ensure_ascii=False, indent=2) + "\n")
         return
     from .views import console, settings_table
 
-    console().print(settings_table(rows))
+    console().print(settings_table([(name, json.dumps(value, ensure_ascii=False), src) for name, value, src in rows]))
 
 
 def _version(value: bool) -> None:
@@ -213,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     try:
-        # Typer handles usage errors itself (exit 2) and ends with SystemExit.
+        # Typer reports usage errors itself (exit 2) and ends with SystemExit.
         app(args=argv, prog_name="ctx")
     except OtakuError as exc:
         if debug:
@@ -222,11 +285,17 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away (e.g. `| head`): not an error of ours
         return 0
+    except OSError as exc:  # writing -o into a missing folder, a full disk, ...
+        if debug:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        typer.echo(f"ctx: {where}{exc.strerror or exc}", err=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 
