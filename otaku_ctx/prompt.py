@@ -227,7 +227,9 @@ class Variables:
 
     def open_turn(self) -> dict[str, Any]:
         """The last `chatMessages` entry: the turn the model continues ("Name: ")."""
-        speaker = self.names.char or "Assistant"
+        story = self.story
+        last = next((m.name for m in reversed(story.messages) if m.role == "assistant" and m.name), None)
+        speaker = story.info.char or last or self.names.char or "Assistant"
         return {"role": "assistant", "name": speaker, "message": "", "kind": "open", "number": None,
                 "scene": None, "title": ""}  # fmt: skip
 
