@@ -98,7 +98,7 @@ def records(
             "title": f"{rng.choice(PLACES).capitalize()}",
             "summary": paragraph(rng, summary_sentences),
         }
-        if history_every and order % history_every == 0 or order <= 12 and history_every == 1:
+        if history_every and order % history_every == 0:
             scene["history"] = paragraph(rng, summary_sentences + 2)
         out.append(scene)
     return out

@@ -13,9 +13,10 @@ candidate that fits, so the emitted prompt is ≤ the limit to the token.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Literal, Protocol
 
 from .model import Message, Scene, Story
@@ -186,11 +187,16 @@ def tail(story: Story, shape: Shape, chain: Chain) -> tuple[Message, ...]:
     return story.messages[after:]
 
 
-def cards_in(scene: Scene, story: Story, shape: Shape) -> tuple[Message, ...]:
+def cards_in(
+    scene: Scene, story: Story, shape: Shape, card_numbers: Sequence[int] | None = None
+) -> tuple[Message, ...]:
     """The message-47 rule: cards in a covered scene are never summarised. Those already in
-    the head are there verbatim and are not repeated."""
+    the head are there verbatim and are not repeated. `card_numbers` (sorted) saves a scan."""
     first = max(scene.start, shape.head + 1)
-    return tuple(m for m in story.messages[first - 1 : scene.end] if m.is_card)
+    if card_numbers is None:
+        return tuple(m for m in story.messages[first - 1 : scene.end] if m.is_card)
+    lo, hi = bisect_left(card_numbers, first), bisect_right(card_numbers, scene.end)
+    return tuple(story.messages[number - 1] for number in card_numbers[lo:hi])
 
 
 # ── Case 4: levels ───────────────────────────────────────────────────────────────────────
@@ -266,8 +272,12 @@ class _Search:
     def msg_part(self, m: Message) -> Part:
         return Part("card" if m.is_card else "message", message=m)
 
+    @cached_property
+    def card_numbers(self) -> list[int]:
+        return [m.number for m in self.story.messages if m.card is not None]
+
     def cards(self, scene: Scene) -> tuple[Message, ...]:
-        return cards_in(scene, self.story, self.shape)
+        return cards_in(scene, self.story, self.shape, self.card_numbers)
 
     def note_size(self, tokens: int) -> None:
         if self.smallest is None or tokens < self.smallest:

@@ -225,6 +225,7 @@ class Variables:
             "narrativeGraph": "",
         }
 
+    @cached_property
     def open_turn(self) -> dict[str, Any]:
         """The last `chatMessages` entry: the turn the model continues ("Name: ")."""
         story = self.story
@@ -238,7 +239,7 @@ class Variables:
         head_e = [self.entry(p) for p in head]
         recap_e = [self.entry(p) for p in recap]
         tail_e = [self.entry(p) for p in tail]
-        chat = head_e + recap_e + tail_e + [self.open_turn()]
+        chat = head_e + recap_e + tail_e + [self.open_turn]
         history = next((e for e in recap_e if e["kind"] == "history"), None)
         summaries, cards_before = [], []
         floated: list[dict[str, Any]] = []
