@@ -55,17 +55,17 @@ def main() -> int:
             storygen.write(path, storygen.records(n))
             story = read_story(path)
 
-            def assemble_once():
+            def assemble_once(story=story):
                 counter = make_counter(args.tokenizer)
                 budget = budget_of(story, settings, counter)
                 pricer = TemplatePricer(renderer_for(story, settings, reserve=budget.reserve), counter)
                 return assemble(story, shape_of(settings), budget.limit, pricer, reserve=budget.reserve)
 
             a = assemble_once()
-            read = median_seconds(lambda: read_story(path), args.runs)
+            read = median_seconds(lambda path=path: read_story(path), args.runs)
             alone = median_seconds(assemble_once, args.runs)
             command = [str(ctx), "build", str(path), "--tokenizer", args.tokenizer]
-            whole = median_seconds(lambda: subprocess.run(command, check=True, capture_output=True), args.runs)
+            whole = median_seconds(lambda c=command: subprocess.run(c, check=True, capture_output=True), args.runs)
             size = path.stat().st_size / 1e6
             print(
                 f"{n:>9,}  {size:>6.1f}MB  {read * 1000:>6.0f}ms  {alone * 1000:>8.0f}ms  "
