@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import StoryError
+from .files import reading
 from .model import Card, Message, Story
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -114,14 +115,8 @@ def _tags(path: Path, tags: Any) -> tuple[str, ...]:
 
 
 def _read_bytes(path: Path) -> bytes:
-    try:
+    with reading(path, "card file"):
         return path.read_bytes()
-    except FileNotFoundError:
-        raise StoryError(path, None, "no such file") from None
-    except IsADirectoryError:
-        raise StoryError(path, None, "is a directory, not a card file") from None
-    except PermissionError:
-        raise StoryError(path, None, "cannot be read (permission denied)") from None
 
 
 def _json_file(path: Path, data: bytes) -> Any:

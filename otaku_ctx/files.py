@@ -5,7 +5,23 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+from .errors import StoryError
+
+
+@contextlib.contextmanager
+def reading(path: Path, what: str = "story file") -> Iterator[None]:
+    """Turn the ways a file cannot be opened into one StoryError that names it."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise StoryError(path, None, "no such file") from None
+    except IsADirectoryError:
+        raise StoryError(path, None, f"is a directory, not a {what}") from None
+    except PermissionError:
+        raise StoryError(path, None, "cannot be read (permission denied)") from None
 
 
 def write_atomic(path: Path | str, text: str) -> None:

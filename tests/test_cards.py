@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import FIXTURES
 
 from otaku_ctx.cards import add_cards, read_card
 from otaku_ctx.errors import StoryError
 from otaku_ctx.model import Card, Message, Scene, Story
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 CARD_PNG = FIXTURES / "sillytavern" / "seraphina-card.png"
 
 V2_DATA = {

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,8 +18,6 @@ from otaku_ctx.errors import StoryError
 from otaku_ctx.files import write_atomic
 from otaku_ctx.model import Card, Message, Scene, Story, StoryInfo
 from otaku_ctx.readers import read_story
-
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 
 NATIVE_STORY = [
     {

@@ -6,6 +6,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES, REPO
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,8 +23,6 @@ from otaku_ctx.formats import (
     stop_sequences,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 PRESETS = sorted((FIXTURES / "sillytavern" / "instruct").glob("*.json"))
 BUILTINS = ("chat", "chatml", "llama3", "mistral", "alpaca", "vicuna", "gemma", "raw")
 

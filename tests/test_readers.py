@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES
 
 from otaku_ctx.errors import StoryError
 from otaku_ctx.readers import detect_format, read_story
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 OPENAI = FIXTURES / "openai-messages.jsonl"
 CHAT = FIXTURES / "sillytavern" / "seraphina-chat.jsonl"
 CARD_PNG = FIXTURES / "sillytavern" / "seraphina-card.png"

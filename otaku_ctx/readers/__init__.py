@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoryError
+from ..files import reading
 from ..model import Story
 from .native import Problem, check_native, read_native
 from .openai import read_openai
@@ -70,15 +71,8 @@ def detect_format(path: Path | str) -> str:
 
 
 def _head(path: Path) -> bytes:
-    try:
-        with path.open("rb") as handle:
-            return handle.read(SNIFF_BYTES)
-    except FileNotFoundError:
-        raise StoryError(path, None, "no such file") from None
-    except IsADirectoryError:
-        raise StoryError(path, None, "is a directory, not a story file") from None
-    except PermissionError:
-        raise StoryError(path, None, "cannot be read (permission denied)") from None
+    with reading(path), path.open("rb") as handle:
+        return handle.read(SNIFF_BYTES)
 
 
 def _json_lines_format(path: Path, head: str) -> str:

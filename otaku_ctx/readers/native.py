@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoryError
+from ..files import reading
 from ..model import ROLES, Card, Message, Scene, Story, StoryInfo
 
 CARD_FIELDS = {f.name for f in fields(Card)} - {"tags"}
@@ -49,24 +50,16 @@ class _Builder:
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     """Yield (line number, text) of a UTF-8 file, streaming; bad bytes are a StoryError."""
-    try:
-        with path.open("rb") as handle:
-            for number, raw in enumerate(handle, start=1):
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise StoryError(
-                        path, number, f"bytes that are not UTF-8 at column {exc.start + 1}; save the file as UTF-8"
-                    ) from None
-                if number == 1:
-                    text = text.removeprefix("\ufeff")
-                yield number, text
-    except FileNotFoundError:
-        raise StoryError(path, None, "no such file") from None
-    except IsADirectoryError:
-        raise StoryError(path, None, "is a directory, not a story file") from None
-    except PermissionError:
-        raise StoryError(path, None, "cannot be read (permission denied)") from None
+    with reading(path):
+        handle = path.open("rb")
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                message = f"bytes that are not UTF-8 at column {exc.start + 1}; save the file as UTF-8"
+                raise StoryError(path, number, message) from None
+            yield number, text.removeprefix("\ufeff") if number == 1 else text
 
 
 def _text(value: Any) -> str | None:
