@@ -371,3 +371,64 @@ def test_convert_writes_native_and_builds_the_same_prompt(capsys, tmp_path):
 def test_from_overrides_detection(capsys):
     code, out, err = run(capsys, "build", FIXTURES / "openai-messages.jsonl", "--from", "sillytavern")
     assert code == 1 and out == "" and "openai-messages.jsonl:1" in err
+
+
+def _png(chunks: list[tuple[bytes, bytes]]) -> bytes:
+    import struct
+    import zlib
+
+    out = b"\x89PNG\r\n\x1a\n"
+    for kind, body in chunks:
+        out += struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    return out
+
+
+IHDR = (b"IHDR", bytes.fromhex("0000000100000001080600000000"))
+
+
+def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str | Path], str]]:
+    chat = (FIXTURES / "sillytavern" / "seraphina-chat.jsonl").read_text(encoding="utf-8").splitlines()
+    river = (FIXTURES / "otaku" / "river.md").read_text(encoding="utf-8")
+    swipe = json.loads(chat[3])
+    swipe["swipe_id"] = 7
+    files = {
+        "no-card.png": _png([IHDR, (b"IEND", b"")]),
+        "bad-base64.png": _png([IHDR, (b"tEXt", b"chara\x00!!!not base64!!!"), (b"IEND", b"")]),
+        "truncated.png": (FIXTURES / "sillytavern" / "seraphina-card.png").read_bytes()[:5000],
+        "no-header.jsonl": "\n".join(chat[1:]).encode(),
+        "swipe.jsonl": "\n".join([*chat[:3], json.dumps(swipe), *chat[4:]]).encode(),
+        "river-v9.md": river.replace("format-version: 3", "format-version: 9").encode(),
+        "mystery.txt": b"Once upon a time there was no format at all.\n",
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    story = REPO / "examples" / "lighthouse-case3.jsonl"
+    return {
+        "png without a card chunk": (["build", story, "--card", tmp_path / "no-card.png"], "no-card.png"),
+        "corrupt base64": (["build", story, "--card", tmp_path / "bad-base64.png"], "bad-base64.png"),
+        "truncated png": (["build", story, "--card", tmp_path / "truncated.png"], "truncated.png"),
+        "sillytavern header missing": (["build", tmp_path / "no-header.jsonl"], "no-header.jsonl:1"),
+        "swipe_id out of range": (["build", tmp_path / "swipe.jsonl"], "swipe.jsonl:4"),
+        "otaku unknown version": (["build", tmp_path / "river-v9.md"], "river-v9.md"),
+        "no reader matches": (["build", tmp_path / "mystery.txt"], "mystery.txt"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "png without a card chunk",
+        "corrupt base64",
+        "truncated png",
+        "sillytavern header missing",
+        "swipe_id out of range",
+        "otaku unknown version",
+        "no reader matches",
+    ],
+)
+def test_bad_imports_are_one_line_errors(capsys, tmp_path, case):
+    argv, where = _bad_inputs(tmp_path)[case]
+    code, out, err = run(capsys, *argv)
+    assert code == 1 and out == ""
+    assert err.startswith("ctx: ") and where in err
+    assert err.count("\n") == 1 and "Traceback" not in err

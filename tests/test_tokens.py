@@ -1,0 +1,96 @@
+"""Token counting and cost: exact and offline, special tokens as text, each text once, the
+covered middle never tokenised."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from stories import story
+
+from otaku_ctx import tokens
+from otaku_ctx.assembler import Shape, assemble
+from otaku_ctx.build import renderer_for
+from otaku_ctx.config import load_settings
+from otaku_ctx.errors import ConfigError
+from otaku_ctx.prompt import TemplatePricer
+from otaku_ctx.tokens import make_counter
+
+
+def test_cl100k_is_exact():
+    count = make_counter("cl100k_base")
+    assert count("hello world") == 2
+    assert count("") == 0
+
+
+def test_special_tokens_are_counted_as_text():
+    count = make_counter("cl100k_base")
+    # As one special token <|endoftext|> would be 1; as text it is several ordinary tokens.
+    assert count("<|endoftext|>") > 1
+    assert count("<|im_start|>user") > 2
+
+
+def test_estimate_is_len_over_four():
+    count = make_counter("estimate")
+    assert count("abcdefg") == 1 and count("abcdefgh") == 2
+    assert count.bound("abcdefg") == 2  # a piece of a prompt is priced rounding up
+
+
+def test_each_distinct_text_is_counted_once():
+    count = make_counter("cl100k_base")
+    for _ in range(3):
+        count("the same text")
+    count("another")
+    assert count.calls == 2
+
+
+def test_unknown_tokenizer():
+    with pytest.raises(ConfigError, match="unknown tokenizer"):
+        make_counter("gpt2")
+
+
+def test_loading_cl100k_reaches_no_network(monkeypatch, tmp_path):
+    """Load the encoding afresh with sockets forbidden and an empty tiktoken cache."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("network access at run time")
+
+    monkeypatch.setattr(socket, "socket", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("DATA_GYM_CACHE_DIR", str(tmp_path))
+    encoding = tokens._cl100k.__wrapped__()
+    assert len(encoding.encode_ordinary("offline works")) == 2
+
+
+class Spy:
+    """A counter that records every text it is asked to count."""
+
+    def __init__(self):
+        self.inner = make_counter("cl100k_base")
+        self.seen: list[str] = []
+        self.name = self.inner.name
+        self.additive = True
+
+    def __call__(self, text: str) -> int:
+        self.seen.append(text)
+        return self.inner(text)
+
+    def bound(self, text: str) -> int:
+        return self(text)
+
+
+def test_the_covered_middle_is_never_tokenised():
+    s = story(2000, [(20 * k + 1, 20 * k + 20) for k in range(100)], text="middle")
+    spy = Spy()
+    renderer = renderer_for(s, load_settings())
+    a = assemble(s, Shape(), 8000, TemplatePricer(renderer, spy))
+    assert a.case in (3, 4)
+    verbatim = {m.number for m in a.head} | {m.number for m in a.tail}
+    middle = [m for m in s.messages if m.number not in verbatim]
+    assert middle
+    counted = "\n".join(spy.seen)
+    for m in middle:
+        assert f"Mara: {m.content}\n" not in counted and f"Ilya: {m.content}\n" not in counted
+    # Work grows with the window: far fewer texts counted than the story has messages.
+    assert len(spy.seen) < 400
