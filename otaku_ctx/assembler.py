@@ -380,11 +380,13 @@ class _Search:
         first_level = max(1, lowest)
         if first_level > 1:
             self.steps.append(f"levels 1–{first_level - 1} cannot fit: the summaries they keep alone exceed the room")
+        missing: list[int] = []  # levels skipped in a row, reported as one step
         for level in range(first_level, m + 1):
             scene = scenes[level - 1]
             if not scene.history.strip():
-                self.steps.append(f"level {level}: scene {scene.ref} has no history — skipped")
+                missing.append(level)
                 continue
+            self.note_missing(missing, scenes)
             history_cost = self.price(Part("history", scene=scene))
             total = fixed_part + history_cost + suffix[level]
             kept = f", summaries {_span(scenes[level:])} kept" if level < m else ""
@@ -396,7 +398,19 @@ class _Search:
             found = self.confirm(make(level, total), f"{what} — {total:,} ≤ {self.limit:,} tokens", total)
             if found:
                 return found
+        self.note_missing(missing, scenes)
         return None
+
+    def note_missing(self, levels: list[int], scenes: Sequence[Scene]) -> None:
+        """One step for a run of levels that do not exist (their scenes have no history)."""
+        if not levels:
+            return
+        if len(levels) == 1:
+            self.steps.append(f"level {levels[0]}: scene {scenes[levels[0] - 1].ref} has no history — skipped")
+        else:
+            refs = _span([scenes[k - 1] for k in levels])
+            self.steps.append(f"levels {levels[0]}–{levels[-1]}: scenes {refs} have no history — skipped")
+        levels.clear()
 
     def confirm(self, candidate: Assembly, what: str, estimate: int) -> Assembly | None:
         """The candidate fits by its parts' costs; count what would really be emitted."""

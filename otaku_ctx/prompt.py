@@ -307,11 +307,17 @@ class PromptRenderer:
 
     def render(self, head: Sequence[Part], recap: Sequence[Part], tail: Sequence[Part]) -> list[Block]:
         blocks = self.template.render(self.variables.for_assembly(head, recap, tail))
-        if blocks and blocks[-1].role == "assistant":
-            # The final assistant block is the turn the model continues.
-            last = blocks[-1]
-            blocks[-1] = Block(last.role, last.text, open=True)
+        if blocks and self.is_open_turn(blocks[-1]):
+            blocks[-1] = Block("assistant", blocks[-1].text, open=True)
         return blocks
+
+    def is_open_turn(self, block: Block) -> bool:
+        """Whether the template's last block is the open turn (the empty last chatMessages
+        entry: "Name: " or nothing), which the model continues, rather than a spoken line."""
+        if block.role != "assistant":
+            return False
+        text = block.text.rstrip()
+        return not text or text.endswith(":") or text == self.variables.open_turn["name"]
 
     def blocks(self, assembly: Assembly) -> list[Block]:
         return self.render(*_sections(assembly))

@@ -222,3 +222,10 @@ def test_fit_is_to_the_token(limit):
     a = assemble(case4_story(), SEED, limit, UnitPricer())
     if a.case != 6:
         assert a.tokens <= limit
+
+
+def test_a_run_of_levels_without_history_is_one_step():
+    a = assemble(case4_story(histories=[12]), SEED, 2700, UnitPricer())
+    assert a.level == 12
+    assert "levels 1–2 cannot fit: the summaries they keep alone exceed the room" in a.steps
+    assert "levels 3–11: scenes 3–11 have no history — skipped" in a.steps
