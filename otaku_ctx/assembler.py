@@ -379,7 +379,8 @@ class _Search:
                 return found
         first_level = max(1, lowest)
         if first_level > 1:
-            self.steps.append(f"levels 1–{first_level - 1} cannot fit: the summaries they keep alone exceed the room")
+            skipped = "level 1" if first_level == 2 else f"levels 1–{first_level - 1}"
+            self.steps.append(f"{skipped} cannot fit: the summaries they keep alone exceed the room")
         missing: list[int] = []  # levels skipped in a row, reported as one step
         for level in range(first_level, m + 1):
             scene = scenes[level - 1]

@@ -27,7 +27,16 @@ def _span(r: dict[str, int] | None) -> str:
 
 
 def _ids(ids: list) -> str:
-    return ", ".join(map(str, ids)) if ids else "—"
+    """Scene ids or message numbers, runs of consecutive numbers shortened: 5–17, 20."""
+    if not ids:
+        return "—"
+    runs: list[list] = []
+    for i in ids:
+        if runs and isinstance(i, int) and isinstance(runs[-1][-1], int) and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
 
 
 def explain(facts: dict[str, Any]) -> Group:
