@@ -52,7 +52,15 @@ class Pricer(Protocol):
         ...
 
     def part(self, part: Part) -> int:
-        """Tokens one part adds to the prompt (its text plus the wrapping it gets)."""
+        """Tokens a verbatim message or card of the head or tail adds to the prompt."""
+        ...
+
+    def recap_part(self, part: Part) -> int:
+        """Tokens a recap part (a card, summary or history) adds, standing among other recap parts."""
+        ...
+
+    def recap_opening(self) -> int:
+        """Tokens a non-empty recap costs once, beyond its parts (its turn's framing, a header)."""
         ...
 
     def exact(self, assembly: Assembly) -> int:
@@ -246,6 +254,11 @@ def _msgs(items: Sequence[Message]) -> str:
     return f"{items[0].number:,}–{items[-1].number:,}" if len(items) > 1 else f"{items[0].number:,}"
 
 
+def near_miss(limit: int) -> int:
+    """How far over the limit a candidate priced by its parts is still rendered and counted."""
+    return max(16, limit // 200)
+
+
 def _capped_sum(costs: Iterable[int], cap: int) -> tuple[int, bool]:
     """Sum costs until the total passes `cap` (then the rest cannot matter): (total, complete)."""
     total = 0
@@ -268,6 +281,14 @@ class _Search:
 
     def price(self, part: Part) -> int:
         return self.pricer.part(part)
+
+    def recap_price(self, part: Part) -> int:
+        return self.pricer.recap_part(part)
+
+    def recap_cost(self, scenes: Sequence[Scene]) -> int:
+        """What every level of this chain pays alike: the recap's opening and its cards."""
+        cards = sum(self.recap_price(Part("card", message=m)) for s in scenes for m in self.cards(s))
+        return self.pricer.recap_opening() + cards
 
     def msg_part(self, m: Message) -> Part:
         return Part("card" if m.is_card else "message", message=m)
@@ -327,6 +348,9 @@ class _Search:
         story = self.story
         ending = tail(story, self.shape, chain)
         room = self.limit - base
+        # Prices are within a hair of the rendered count: keep what is within `near_miss` of
+        # the limit in play, so `confirm` can count it exactly.
+        room += near_miss(self.limit)
         tail_cost, whole = _capped_sum((self.price(self.msg_part(m)) for m in reversed(ending)), room)
         if not whole:
             self.steps.append(
@@ -352,8 +376,8 @@ class _Search:
 
         if not scenes:
             total = base + tail_cost
-            return self.confirm(make(0, total), f"everything verbatim — {total:,} ≤ {self.limit:,} tokens", total)
-        card_cost = sum(self.price(Part("card", message=m)) for s in scenes for m in self.cards(s))
+            return self.confirm(make(0, total), "everything verbatim", total)
+        card_cost = self.recap_cost(scenes)
         room -= card_cost
         # suffix[j] = tokens of the summaries of scenes j+1..m (0-based j); counted from the
         # newest back, and only as far as could ever fit.
@@ -361,7 +385,7 @@ class _Search:
         suffix = [0] * (m + 1)
         lowest = m  # smallest j with suffix[j] ≤ room
         for j in range(m - 1, -1, -1):
-            suffix[j] = suffix[j + 1] + self.price(Part("summary", scene=scenes[j]))
+            suffix[j] = suffix[j + 1] + self.recap_price(Part("summary", scene=scenes[j]))
             if suffix[j] > room:
                 break
             lowest = j
@@ -372,9 +396,7 @@ class _Search:
             self.steps.append(f"level 0 (summaries {_span(scenes)}) cannot fit: {why}")
         else:
             total = fixed_part + suffix[0]
-            found = self.confirm(
-                make(0, total), f"level 0: summaries {_span(scenes)} — {total:,} ≤ {self.limit:,} tokens", total
-            )
+            found = self.confirm(make(0, total), f"level 0: summaries {_span(scenes)}", total)
             if found:
                 return found
         first_level = max(1, lowest)
@@ -388,15 +410,11 @@ class _Search:
                 missing.append(level)
                 continue
             self.note_missing(missing, scenes)
-            history_cost = self.price(Part("history", scene=scene))
+            history_cost = self.recap_price(Part("history", scene=scene))
             total = fixed_part + history_cost + suffix[level]
             kept = f", summaries {_span(scenes[level:])} kept" if level < m else ""
             what = f"level {level}: summaries {_span(scenes[:level])} replaced by scene {scene.ref}'s history{kept}"
-            if total > self.limit:
-                self.note_size(total)
-                self.steps.append(f"{what} — {total:,} > {self.limit:,} tokens")
-                continue
-            found = self.confirm(make(level, total), f"{what} — {total:,} ≤ {self.limit:,} tokens", total)
+            found = self.confirm(make(level, total), what, total)
             if found:
                 return found
         self.note_missing(missing, scenes)
@@ -414,25 +432,25 @@ class _Search:
         levels.clear()
 
     def confirm(self, candidate: Assembly, what: str, estimate: int) -> Assembly | None:
-        """The candidate fits by its parts' costs; count what would really be emitted."""
-        if estimate > self.limit:
-            self.note_size(estimate)
-            self.steps.append(what.replace("≤", ">"))
+        """Test a candidate for fit: by its parts' prices, then by what would really be
+        emitted. Prices are exact but for tokens that join across a boundary, so a candidate
+        within a hair of the limit is rendered and counted before it is given up."""
+        if estimate > self.limit + near_miss(self.limit):
+            self.steps.append(f"{what} — {estimate:,} > {self.limit:,} tokens")
             return None
         exact = self.pricer.exact(candidate)
         self.note_size(exact)
         if exact > self.limit:
-            self.steps.append(f"{what}, but the rendered prompt is {exact:,} > {self.limit:,} tokens — next")
+            self.steps.append(f"{what} — {exact:,} > {self.limit:,} tokens (rendered)")
             return None
-        note = "" if exact == estimate else f" (rendered: {exact:,})"
-        self.steps.append(what + note)
+        self.steps.append(f"{what} — {exact:,} ≤ {self.limit:,} tokens")
         return _replace(candidate, tokens=exact, costs=self.section_costs(candidate))
 
     def section_costs(self, a: Assembly) -> dict[str, int]:
         return {
             "fixed": self.pricer.fixed(),
             "head": sum(self.price(self.msg_part(m)) for m in a.head),
-            "recap": sum(self.price(p) for p in a.recap),
+            "recap": sum(self.recap_price(p) for p in a.recap) + (self.pricer.recap_opening() if a.recap else 0),
             "tail": sum(self.price(self.msg_part(m)) for m in a.tail),
         }
 
@@ -446,12 +464,12 @@ class _Search:
         chain = covered_chain(story, shape, floor)
         ending = tail(story, shape, chain)
         rest = base + sum(self.price(self.msg_part(m)) for m in ending)
-        rest += sum(self.price(Part("card", message=m)) for s in chain.scenes for m in self.cards(s))
-        summaries = [self.price(Part("summary", scene=s)) for s in chain.scenes]
+        rest += self.recap_cost(chain.scenes) if chain.scenes else 0
+        summaries = [self.recap_price(Part("summary", scene=s)) for s in chain.scenes]
         sizes = {0: rest + sum(summaries)}
         for level, scene in enumerate(chain.scenes, start=1):
             if scene.history.strip():
-                sizes[level] = rest + self.price(Part("history", scene=scene)) + sum(summaries[level:])
+                sizes[level] = rest + self.recap_price(Part("history", scene=scene)) + sum(summaries[level:])
         # The parts' sum is an upper bound; the smallest size reached is what the smallest
         # candidate really renders to (one render, on this error path only).
         level = min(sizes, key=sizes.__getitem__)

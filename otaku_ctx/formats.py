@@ -265,6 +265,12 @@ def merge_blocks(blocks: Sequence[Block]) -> list[Block]:
 
 def render_text(fmt: Format, blocks: Sequence[Block]) -> str:
     """A flat text-completion prompt, ending in the open turn the model continues."""
+    return "".join(text_pieces(fmt, blocks))
+
+
+def text_pieces(fmt: Format, blocks: Sequence[Block]) -> list[str]:
+    """The text prompt in pieces: the BOS, then each (merged) turn with its sequences, the
+    open turn last. Joined, they are `render_text`; apart, they can be priced one by one."""
     turns = _aligned(fmt, _checked(blocks))
     if not turns or not turns[-1].open:
         turns.append(Block("assistant", "", open=True))
@@ -280,7 +286,7 @@ def render_text(fmt: Format, blocks: Sequence[Block]) -> str:
         prefix, suffix = _sequences(fmt, block.role, first_output)
         first_output = first_output and block.role != "assistant"
         parts.append(prefix + (separator if prefix else "") + block.text + (suffix or separator))
-    return "".join(parts)
+    return parts
 
 
 def render_messages(fmt: Format, blocks: Sequence[Block]) -> list[dict[str, str]]:
@@ -294,17 +300,6 @@ def render_messages(fmt: Format, blocks: Sequence[Block]) -> list[dict[str, str]
             continue
         messages.append({"role": block.role, "content": text})
     return messages
-
-
-def wrap_block(fmt: Format, block: Block) -> str:
-    """One block as the format writes it on its own (prefix, text, suffix; the open turn
-    without a suffix): what the block adds to a text prompt, for pricing."""
-    role = "user" if fmt.system_same_as_user and block.role == "system" else block.role
-    separator = "\n" if fmt.wrap else ""
-    if block.open:
-        return _open_turn(fmt, Block(role, block.text, open=True), separator)
-    prefix, suffix = _sequences(fmt, role, first_output=False)
-    return prefix + (separator if prefix else "") + block.text + (suffix or separator)
 
 
 def stop_sequences(fmt: Format, names: Sequence[str]) -> list[str]:

@@ -22,9 +22,9 @@ from .assembler import Assembly, Part
 from .blocks import Block
 from .config import DEFAULT_CARD_TEMPLATE
 from .errors import ConfigError
-from .formats import Format, builtin_dirs, load_format, render_messages, render_text, stop_sequences, wrap_block
+from .formats import Format, builtin_dirs, load_format, render_messages, render_text, stop_sequences, text_pieces
 from .hbs import Template, compile_template
-from .model import Card, Message, Story
+from .model import Card, Message, Scene, Story
 from .tokens import TokenCounter
 
 MACRO = re.compile(r"\{\{(char|user)\}\}", re.IGNORECASE)
@@ -356,61 +356,95 @@ class PromptRenderer:
 
 
 class TemplatePricer:
-    """Prices parts by what they add to the rendered, format-wrapped blocks.
+    """Prices parts by what they add to the emitted prompt, piece by piece.
 
-    A part's cost is found by rendering the template with that part alone and comparing the
-    blocks with those of the empty render: the blocks that differ are what the part adds
-    (its own message block, or the grown system block that holds it). Each differing block
-    is counted as the format wraps it, so the template's per-message framing and the
-    format's sequences are all in the price. Blocks that merge when rendered together share
-    wrappers, so parts' prices add up to at least the prompt's count in practice; the
-    assembler still takes the exact count of the prompt it chooses.
+    The emitted prompt is a list of pieces: for a text format, the BOS and each merged turn
+    with its sequences; for chat output, each merged message. A part is priced by rendering
+    the template twice, without and with it, and counting only the pieces that differ, so
+    the template's framing, the format's sequences and merging are all in the price without
+    ever counting the whole prompt:
+
+    - a message or card of the head or tail is measured after a message of the other role
+      (they alternate in a chat, so its turn stands alone);
+    - a recap part (card, summary, history) is measured after another recap part, as it
+      stands in a run of them: its run price. What a recap costs once, whatever it holds
+      (its turn's sequences, a template's "Story history:" header), is `recap_opening()`.
+
+    The prices add up to the prompt's count whenever the template renders the parts that
+    way; the assembler still takes the exact count of the prompt it chooses.
     """
 
     def __init__(self, renderer: PromptRenderer, counter: TokenCounter) -> None:
         self.renderer = renderer
         self.count = counter
-        self._empty: list[Block] | None = None
         self._fixed: int | None = None
-        self._cache: dict[Part, int] = {}
+        self._opening: int | None = None
+        self._cache: dict[tuple[str, Part], int] = {}
 
-    def block_cost(self, block: Block) -> int:
-        fmt = self.renderer.format
+    def pieces(self, blocks: Sequence[Block]) -> list[str]:
         if self.renderer.chat_counted:
-            return 0 if block.open else self.count.bound(block.text) + MESSAGE_OVERHEAD
-        return self.count.bound(wrap_block(fmt, block))
+            return [m["content"] for m in self.renderer.messages(blocks)]
+        return text_pieces(self.renderer.format, blocks)
 
-    @property
-    def empty(self) -> list[Block]:
-        if self._empty is None:
-            self._empty = self.renderer.render([], [], [])
-        return self._empty
+    def piece_cost(self, piece: str) -> int:
+        overhead = MESSAGE_OVERHEAD if self.renderer.chat_counted else 0
+        return self.count.bound(piece) + overhead
+
+    def cost(self, blocks: Sequence[Block]) -> int:
+        """Tokens of the emitted prompt for these blocks, as the sum of its pieces."""
+        priming = REPLY_PRIMING if self.renderer.chat_counted else 0
+        return sum(self.piece_cost(p) for p in self.pieces(blocks)) + priming
+
+    def delta(self, before: Sequence[Block], after: Sequence[Block]) -> int:
+        """What `after` adds to `before`, counting only the pieces that differ."""
+        old, new = self.pieces(before), self.pieces(after)
+        start, end_old, end_new = _difference(old, new)
+        return self.region(new, start, end_new) - self.region(old, start, end_old)
+
+    def region(self, pieces: list[str], start: int, end: int) -> int:
+        """Tokens of pieces[start:end] where they stand. In a text prompt, a piece is counted
+        after the piece before it, since sequences meeting at a boundary ("<|eot_id|>" then
+        "<|start_header_id|>") can tokenize together."""
+        if start == end:
+            return 0
+        if self.renderer.chat_counted:
+            return sum(map(self.piece_cost, pieces[start:end]))
+        before = pieces[start - 1] if start else ""
+        return self.count.bound(before + "".join(pieces[start:end])) - self.count.bound(before)
 
     def fixed(self) -> int:
         if self._fixed is None:
-            blocks = self.empty
-            cost = sum(self.block_cost(b) for b in blocks)
-            fmt = self.renderer.format
-            if self.renderer.chat_counted:
-                cost += REPLY_PRIMING
-            else:
-                cost += self.count.bound(fmt.bos) if fmt.bos else 0
-                if not blocks or not blocks[-1].open:
-                    cost += self.block_cost(Block("assistant", "", open=True))
-            self._fixed = cost
+            self._fixed = self.cost(self.renderer.render([], [], []))
         return self._fixed
 
     def part(self, part: Part) -> int:
-        cached = self._cache.get(part)
+        """A head or tail message (or card), measured after one of the other role."""
+        key = ("verbatim", part)
+        cached = self._cache.get(key)
         if cached is None:
-            if part.kind in ("message", "card") and part.message is not None:
-                alone = self.renderer.render([part], [], [])
-            else:
-                alone = self.renderer.render([], [part], [])
-            added, removed = _difference(self.empty, alone)
-            cached = sum(self.block_cost(b) for b in added) - sum(self.block_cost(b) for b in removed)
-            self._cache[part] = cached
+            assert part.message is not None
+            other = _PROBE_ASSISTANT if part.message.role in ("user", "system") else _PROBE_USER
+            render = self.renderer.render
+            cached = self._cache[key] = self.delta(render([other], [], []), render([other, part], [], []))
         return cached
+
+    def recap_part(self, part: Part) -> int:
+        """A recap part's run price: measured after another recap part, as it will stand."""
+        key = ("recap", part)
+        cached = self._cache.get(key)
+        if cached is None:
+            render = self.renderer.render
+            before = render([_PROBE_USER], [_PROBE_RECAP], [])
+            cached = self._cache[key] = self.delta(before, render([_PROBE_USER], [_PROBE_RECAP, part], []))
+        return cached
+
+    def recap_opening(self) -> int:
+        """What a non-empty recap costs beyond its parts' run prices."""
+        if self._opening is None:
+            render = self.renderer.render
+            first = self.delta(render([_PROBE_USER], [], []), render([_PROBE_USER], [_PROBE_RECAP], []))
+            self._opening = first - self.recap_part(_PROBE_RECAP_2)
+        return self._opening
 
     def exact(self, assembly: Assembly) -> int:
         return self.tokens(self.renderer.blocks(assembly))
@@ -418,15 +452,21 @@ class TemplatePricer:
     def tokens(self, blocks: Sequence[Block]) -> int:
         """The count of the emitted prompt: the flat text, or chat messages by OpenAI's rule."""
         if self.renderer.chat_counted:
-            return (
-                sum(self.count(m["content"]) + MESSAGE_OVERHEAD for m in self.renderer.messages(blocks)) + REPLY_PRIMING
-            )
+            contents = [m["content"] for m in self.renderer.messages(blocks)]
+            return sum(self.count(c) + MESSAGE_OVERHEAD for c in contents) + REPLY_PRIMING
         return self.count(self.renderer.text(blocks))
 
 
-def _difference(before: list[Block], after: list[Block]) -> tuple[list[Block], list[Block]]:
-    """The blocks of `after` that are not in `before` and vice versa, around a common prefix
-    and suffix (a part adds blocks in one place, or changes the block that holds it)."""
+# Stand-ins the pricer renders beside a part, so the part is measured where it will stand.
+_PROBE_USER = Part("message", message=Message(0, "user", "…", "User"))
+_PROBE_ASSISTANT = Part("message", message=Message(0, "assistant", "…", "Assistant"))
+_PROBE_RECAP = Part("summary", scene=Scene(order=0, start=0, end=0, id="·", summary="…"))
+_PROBE_RECAP_2 = Part("summary", scene=Scene(order=0, start=0, end=0, id="··", summary="…"))
+
+
+def _difference(before: list[str], after: list[str]) -> tuple[int, int, int]:
+    """Where two piece lists differ, around their common prefix and suffix: (start, end in
+    `before`, end in `after`). A part adds pieces in one place, or changes the one holding it."""
     start = 0
     while start < len(before) and start < len(after) and before[start] == after[start]:
         start += 1
@@ -434,4 +474,4 @@ def _difference(before: list[Block], after: list[Block]) -> tuple[list[Block], l
     while end_b > start and end_a > start and before[end_b - 1] == after[end_a - 1]:
         end_b -= 1
         end_a -= 1
-    return after[start:end_a], before[start:end_b]
+    return start, end_b, end_a
