@@ -1,9 +1,10 @@
 """The context assembler: otaku's six cases (seed 001), as ARCHITECTURE.md states them.
 
 Read it beside the design: `head` (case 1's verbatim opening), `covered_chain` (case 3's
-summarised middle), `tail`, cards before their scene's summary (the message-47 example),
-`_levels` (case 4: a scene's history stands in for the summaries up to it, cards float),
-`_rungs` (case 5: the tail target drops 150 → 100 → 50), and `_refuse` (case 6).
+summarised middle), `tail`, `cards_in` (cards before their scene's summary, the message-47
+example), `recap_at_level` (case 4: a scene's history stands in for the summaries up to it,
+cards float), `rungs` (case 5: the tail target drops 150 → 100 → 50), and `_Search.refuse`
+(case 6). `_Search` tries them in that order.
 
 `assemble()` is pure: no I/O, no printing. What a part costs in the prompt is asked of a
 `Pricer`, which knows the template and format; the assembler adds those costs up (never
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Literal, Protocol
 
-from .model import Message, Scene, Story
+from .model import Message, Role, Scene, Story
 
 PartKind = Literal["message", "card", "summary", "history"]
 
@@ -43,6 +44,11 @@ class Part:
     message: Message | None = None
     scene: Scene | None = None
 
+    @classmethod
+    def verbatim(cls, message: Message) -> Part:
+        """A message or card that stands as it is (head, tail)."""
+        return cls("card" if message.is_card else "message", message=message)
+
 
 class Pricer(Protocol):
     """What the assembler needs to know about rendering, in tokens."""
@@ -51,16 +57,18 @@ class Pricer(Protocol):
         """Tokens every prompt has whatever its parts: system message, template preamble, open turn."""
         ...
 
-    def part(self, part: Part) -> int:
-        """Tokens a verbatim message or card of the head or tail adds to the prompt."""
+    def part(self, part: Part, after: Role | None) -> int:
+        """Tokens a verbatim message or card of the head or tail adds to the prompt, standing
+        after a turn of role `after` (None: right after the fixed frame)."""
         ...
 
     def recap_part(self, part: Part) -> int:
         """Tokens a recap part (a card, summary or history) adds, standing among other recap parts."""
         ...
 
-    def recap_opening(self) -> int:
-        """Tokens a non-empty recap costs once, beyond its parts (its turn's framing, a header)."""
+    def recap_opening(self, after: Role | None) -> int:
+        """Tokens a non-empty recap costs once, beyond its parts (its turn's framing, a header),
+        standing after a turn of role `after`."""
         ...
 
     def exact(self, assembly: Assembly) -> int:
@@ -120,9 +128,7 @@ class Assembly:
     @property
     def parts(self) -> tuple[Part, ...]:
         """Every part in prompt order (the system message is the pricer's fixed cost)."""
-        head = tuple(Part("card" if m.is_card else "message", message=m) for m in self.head)
-        tail = tuple(Part("card" if m.is_card else "message", message=m) for m in self.tail)
-        return head + self.recap + tail
+        return tuple(map(Part.verbatim, self.head)) + self.recap + tuple(map(Part.verbatim, self.tail))
 
     @property
     def history(self) -> Scene | None:
@@ -279,19 +285,23 @@ class _Search:
     steps: list[str] = field(default_factory=list)
     smallest: int | None = None
 
-    def price(self, part: Part) -> int:
-        return self.pricer.part(part)
+    def verbatim_costs(self, messages: Sequence[Message], after: Role | None) -> list[int]:
+        """Each message's price where it stands: after the one before it (the first after
+        `after`), since turns of one role merge and turns of two alternate."""
+        roles = [after, *(m.role for m in messages[:-1])]
+        return [self.pricer.part(Part.verbatim(m), role) for m, role in zip(messages, roles, strict=False)]
+
+    def tail_after(self, opening: Sequence[Message], recap: bool) -> Role | None:
+        """What the tail's first message follows: the recap (a system turn), or the head."""
+        return "system" if recap else (opening[-1].role if opening else None)
 
     def recap_price(self, part: Part) -> int:
         return self.pricer.recap_part(part)
 
-    def recap_cost(self, scenes: Sequence[Scene]) -> int:
+    def recap_cost(self, scenes: Sequence[Scene], opening: Sequence[Message]) -> int:
         """What every level of this chain pays alike: the recap's opening and its cards."""
         cards = sum(self.recap_price(Part("card", message=m)) for s in scenes for m in self.cards(s))
-        return self.pricer.recap_opening() + cards
-
-    def msg_part(self, m: Message) -> Part:
-        return Part("card" if m.is_card else "message", message=m)
+        return self.pricer.recap_opening(opening[-1].role if opening else None) + cards
 
     @cached_property
     def card_numbers(self) -> list[int]:
@@ -309,7 +319,7 @@ class _Search:
         n = len(story)
         opening = head(story, shape)
         fixed = self.pricer.fixed()
-        head_cost = sum(self.price(self.msg_part(m)) for m in opening)
+        head_cost = sum(self.verbatim_costs(opening, None))
         base = fixed + head_cost
         self.steps.append(
             f"head: messages {_msgs(opening)} verbatim ({head_cost:,} tokens); "
@@ -341,7 +351,7 @@ class _Search:
                     case = 5
                 elif not chain.scenes:
                     case = 1 if n < threshold else 2
-                return _replace(found, case=case, steps=tuple(self.steps))
+                return replace(found, case=case, steps=tuple(self.steps))
         return self.refuse(opening, base, targets)
 
     def try_rung(self, rung: int, target: int, chain: Chain, opening, base: int) -> Assembly | None:
@@ -351,7 +361,11 @@ class _Search:
         # Prices are within a hair of the rendered count: keep what is within `near_miss` of
         # the limit in play, so `confirm` can count it exactly.
         room += near_miss(self.limit)
-        tail_cost, whole = _capped_sum((self.price(self.msg_part(m)) for m in reversed(ending)), room)
+        after = self.tail_after(opening, bool(chain.scenes))
+        roles = [after, *(m.role for m in ending[:-1])]
+        pairs = zip(reversed(ending), reversed(roles[: len(ending)]), strict=True)
+        costs = (self.pricer.part(Part.verbatim(m), role) for m, role in pairs)
+        tail_cost, whole = _capped_sum(costs, room)
         if not whole:
             self.steps.append(
                 f"tail target {target}: head and tail (messages {_msgs(ending)}) alone exceed {self.limit:,} tokens"
@@ -377,7 +391,7 @@ class _Search:
         if not scenes:
             total = base + tail_cost
             return self.confirm(make(0, total), "everything verbatim", total)
-        card_cost = self.recap_cost(scenes)
+        card_cost = self.recap_cost(scenes, opening)
         room -= card_cost
         # suffix[j] = tokens of the summaries of scenes j+1..m (0-based j); counted from the
         # newest back, and only as far as could ever fit.
@@ -444,14 +458,15 @@ class _Search:
             self.steps.append(f"{what} — {exact:,} > {self.limit:,} tokens (rendered)")
             return None
         self.steps.append(f"{what} — {exact:,} ≤ {self.limit:,} tokens")
-        return _replace(candidate, tokens=exact, costs=self.section_costs(candidate))
+        return replace(candidate, tokens=exact, costs=self.section_costs(candidate))
 
     def section_costs(self, a: Assembly) -> dict[str, int]:
+        opening = self.pricer.recap_opening(a.head[-1].role if a.head else None) if a.recap else 0
         return {
             "fixed": self.pricer.fixed(),
-            "head": sum(self.price(self.msg_part(m)) for m in a.head),
-            "recap": sum(self.recap_price(p) for p in a.recap) + (self.pricer.recap_opening() if a.recap else 0),
-            "tail": sum(self.price(self.msg_part(m)) for m in a.tail),
+            "head": sum(self.verbatim_costs(a.head, None)),
+            "recap": opening + sum(self.recap_price(p) for p in a.recap),
+            "tail": sum(self.verbatim_costs(a.tail, self.tail_after(a.head, bool(a.recap)))),
         }
 
     # ── Case 6: refusal ──────────────────────────────────────────────────────────────────
@@ -463,8 +478,8 @@ class _Search:
         floor = targets[-1]
         chain = covered_chain(story, shape, floor)
         ending = tail(story, shape, chain)
-        rest = base + sum(self.price(self.msg_part(m)) for m in ending)
-        rest += self.recap_cost(chain.scenes) if chain.scenes else 0
+        rest = base + sum(self.verbatim_costs(ending, self.tail_after(opening, bool(chain.scenes))))
+        rest += self.recap_cost(chain.scenes, opening) if chain.scenes else 0
         summaries = [self.recap_price(Part("summary", scene=s)) for s in chain.scenes]
         sizes = {0: rest + sum(summaries)}
         for level, scene in enumerate(chain.scenes, start=1):
@@ -519,10 +534,6 @@ class _Search:
             steps=tuple(self.steps),
             refusal=refusal,
         )
-
-
-def _replace(a: Assembly, **changes: object) -> Assembly:
-    return replace(a, **changes)  # type: ignore[arg-type]
 
 
 def assemble(story: Story, shape: Shape, limit: int, pricer: Pricer, *, reserve: int = 0) -> Assembly:

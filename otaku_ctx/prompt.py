@@ -24,7 +24,7 @@ from .config import DEFAULT_CARD_TEMPLATE
 from .errors import ConfigError
 from .formats import Format, builtin_dirs, load_format, render_messages, render_text, stop_sequences, text_pieces
 from .hbs import Template, compile_template
-from .model import Card, Message, Scene, Story
+from .model import Card, Message, Role, Scene, Story
 from .tokens import TokenCounter
 
 MACRO = re.compile(r"\{\{(char|user)\}\}", re.IGNORECASE)
@@ -289,10 +289,7 @@ class Variables:
 
 
 def _sections(a: Assembly) -> tuple[list[Part], list[Part], list[Part]]:
-    def verbatim(m: Message) -> Part:
-        return Part("card" if m.is_card else "message", message=m)
-
-    return [verbatim(m) for m in a.head], list(a.recap), [verbatim(m) for m in a.tail]
+    return [Part.verbatim(m) for m in a.head], list(a.recap), [Part.verbatim(m) for m in a.tail]
 
 
 @dataclass
@@ -417,15 +414,15 @@ class TemplatePricer:
             self._fixed = self.cost(self.renderer.render([], [], []))
         return self._fixed
 
-    def part(self, part: Part) -> int:
-        """A head or tail message (or card), measured after one of the other role."""
-        key = ("verbatim", part)
+    def part(self, part: Part, after: Role | None = None) -> int:
+        """A head or tail message (or card), measured after a turn of role `after`, so that
+        merging with a turn of the same role is priced as it will render."""
+        key = (f"verbatim after {after}", part)
         cached = self._cache.get(key)
         if cached is None:
-            assert part.message is not None
-            other = _PROBE_ASSISTANT if part.message.role in ("user", "system") else _PROBE_USER
+            before = [_PROBES[after]] if after else []
             render = self.renderer.render
-            cached = self._cache[key] = self.delta(render([other], [], []), render([other, part], [], []))
+            cached = self._cache[key] = self.delta(render(before, [], []), render([*before, part], [], []))
         return cached
 
     def recap_part(self, part: Part) -> int:
@@ -438,13 +435,16 @@ class TemplatePricer:
             cached = self._cache[key] = self.delta(before, render([_PROBE_USER], [_PROBE_RECAP, part], []))
         return cached
 
-    def recap_opening(self) -> int:
-        """What a non-empty recap costs beyond its parts' run prices."""
-        if self._opening is None:
+    def recap_opening(self, after: Role | None = None) -> int:
+        """What a non-empty recap costs beyond its parts' run prices, after a turn of role `after`."""
+        key = (f"opening after {after}", _PROBE_RECAP)
+        cached = self._cache.get(key)
+        if cached is None:
+            before = [_PROBES[after]] if after else []
             render = self.renderer.render
-            first = self.delta(render([_PROBE_USER], [], []), render([_PROBE_USER], [_PROBE_RECAP], []))
-            self._opening = first - self.recap_part(_PROBE_RECAP_2)
-        return self._opening
+            first = self.delta(render(before, [], []), render(before, [_PROBE_RECAP], []))
+            cached = self._cache[key] = first - self.recap_part(_PROBE_RECAP_2)
+        return cached
 
     def exact(self, assembly: Assembly) -> int:
         return self.tokens(self.renderer.blocks(assembly))
@@ -459,7 +459,11 @@ class TemplatePricer:
 
 # Stand-ins the pricer renders beside a part, so the part is measured where it will stand.
 _PROBE_USER = Part("message", message=Message(0, "user", "…", "User"))
-_PROBE_ASSISTANT = Part("message", message=Message(0, "assistant", "…", "Assistant"))
+_PROBES: dict[Role, Part] = {
+    "user": _PROBE_USER,
+    "assistant": Part("message", message=Message(0, "assistant", "…", "Assistant")),
+    "system": Part("message", message=Message(0, "system", "…", "System")),
+}
 _PROBE_RECAP = Part("summary", scene=Scene(order=0, start=0, end=0, id="·", summary="…"))
 _PROBE_RECAP_2 = Part("summary", scene=Scene(order=0, start=0, end=0, id="··", summary="…"))
 

@@ -26,13 +26,13 @@ class UnitPricer:
     def fixed(self) -> int:
         return self.fixed_cost
 
-    def part(self, part: Part) -> int:
+    def part(self, part: Part, after=None) -> int:
         return COST[part.kind]
 
     def recap_part(self, part: Part) -> int:
         return COST[part.kind]
 
-    def recap_opening(self) -> int:
+    def recap_opening(self, after=None) -> int:
         return 0
 
     def exact(self, assembly: Assembly) -> int:
