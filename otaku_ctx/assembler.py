@@ -85,17 +85,29 @@ class Refusal:
     reserve: int
     missing_summaries: tuple[int | str, ...] = ()
     missing_histories: tuple[int | str, ...] = ()
+    chain_stop: str = ""  # why the summaries stop where they do, at the floor
+
+    @property
+    def context(self) -> int:
+        """The context the limit came from (window or max_context)."""
+        return self.limit + self.reserve
 
     @property
     def needed_context(self) -> int:
         """The context (window or max_context) that would fit the smallest prompt and the reserve."""
         return self.smallest + self.reserve
 
-    def explain(self) -> str:
+    def explain(self, raise_what: str = "the context") -> str:
+        """What happened and what would help; `raise_what` names the setting to raise."""
+        if self.limit <= 0:
+            return (
+                f"nothing fits: the {self.reserve:,}-token reply reserve leaves no room in a context of "
+                f"{self.context:,} tokens; lower --reserve or raise {raise_what}."
+            )
         text = (
-            f"nothing fits: the smallest prompt reached is {self.smallest:,} tokens, "
-            f"but the limit is {self.limit:,} (context minus a {self.reserve:,}-token reply reserve). "
-            f"A context of at least {self.needed_context:,} tokens would fit it: raise --window or max_context"
+            f"nothing fits: the smallest prompt reached is {self.smallest:,} tokens, but the limit is "
+            f"{self.limit:,} ({self.context:,} minus a {self.reserve:,}-token reply reserve). "
+            f"A context of at least {self.needed_context:,} tokens would fit it: raise {raise_what}"
         )
         missing = []
         if self.missing_summaries:
@@ -104,6 +116,8 @@ class Refusal:
             missing.append("scenes without a history: " + ", ".join(map(str, self.missing_histories)))
         if missing:
             text += "; or fill in what stands in the way (" + "; ".join(missing) + ")"
+        elif self.chain_stop:
+            text += f" (the summaries stop early: {self.chain_stop})"
         return text + "."
 
 
@@ -168,6 +182,7 @@ class Chain:
     scenes: tuple[Scene, ...]
     stop: str  # why the chain ends where it does
     missing_summary: Scene | None = None  # the scene whose missing summary ended it
+    blocked: bool = False  # it ends before the tail for a reason the story could fix
 
 
 def covered_chain(story: Story, shape: Shape, tail_target: int) -> Chain:
@@ -181,18 +196,20 @@ def covered_chain(story: Story, shape: Shape, tail_target: int) -> Chain:
     scenes = story.scenes
     at = bisect_right([s.start for s in scenes], first) - 1
     if at < 0 or not scenes[at].holds(first):
-        return Chain((), f"no scene holds message {first:,} (the first after the head)")
+        return Chain((), f"no scene holds message {first:,} (the first after the head)", blocked=first < boundary)
     chain: list[Scene] = []
     for scene in scenes[at:]:
         if chain and scene.start != chain[-1].end + 1:
-            return Chain(tuple(chain), f"messages {chain[-1].end + 1:,}–{scene.start - 1:,} belong to no scene")
+            gap = f"messages {chain[-1].end + 1:,}–{scene.start - 1:,} belong to no scene"
+            return Chain(tuple(chain), gap, blocked=chain[-1].end + 1 < boundary)
         if scene.end >= boundary:
             why = f"scene {scene.ref} ends at message {scene.end:,}"
             return Chain(tuple(chain), f"{why}, not before message {boundary:,} ({n:,} − {tail_target})")
         if not scene.summary.strip():
-            return Chain(tuple(chain), f"scene {scene.ref} has no summary", missing_summary=scene)
+            return Chain(tuple(chain), f"scene {scene.ref} has no summary", missing_summary=scene, blocked=True)
         chain.append(scene)
-    return Chain(tuple(chain), "no more scenes")
+    last = chain[-1].end if chain else first - 1
+    return Chain(tuple(chain), "no more scenes", blocked=last + 1 < boundary)
 
 
 def tail(story: Story, shape: Shape, chain: Chain) -> tuple[Message, ...]:
@@ -406,7 +423,10 @@ class _Search:
         fixed_part = base + tail_cost + card_cost
         if lowest > 0:
             over = scenes[lowest - 1 :]  # the summaries that, with nothing else, already overflow
-            why = f"summaries {_span(over)} alone take {suffix[lowest - 1]:,} of the {room:,} tokens left"
+            if room <= 0:
+                why = "head, tail and cards leave no room for summaries"
+            else:
+                why = f"summaries {_span(over)} alone take {suffix[lowest - 1]:,} of the {room:,} tokens left"
             self.steps.append(f"level 0 (summaries {_span(scenes)}) cannot fit: {why}")
         else:
             total = fixed_part + suffix[0]
@@ -520,7 +540,8 @@ class _Search:
             and not s.summary.strip()
         )
         no_history = tuple(s.ref for s in chain.scenes if not s.history.strip())
-        refusal = Refusal(smallest, self.limit, self.reserve, no_summary, no_history)
+        stop = chain.stop if chain.blocked else ""
+        refusal = Refusal(smallest, self.limit, self.reserve, no_summary, no_history, stop)
         self.steps.append("case 6: " + refusal.explain())
         return Assembly(
             case=6,

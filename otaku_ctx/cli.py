@@ -11,14 +11,13 @@ from typing import Annotated, Any
 import typer
 
 from . import __version__
-from .build import Built, build, open_story
+from .build import Built, build, open_story, refusal_message
 from .config import SCHEMA, Settings, default_config_path, default_toml, load_settings
 from .convert import to_native_text
-from .errors import ConfigError, ContextOverflow, OtakuError, StoryError
+from .errors import ConfigError, ContextOverflow, OtakuError
 from .files import write_atomic
 from .prompt import EMITS
-from .readers import READERS, detect_format
-from .readers.native import Problem, check_native
+from .readers import READERS, check_story
 from .report import facts
 
 app = typer.Typer(
@@ -38,7 +37,9 @@ ConfigPath = Annotated[
 From = Annotated[
     str | None, typer.Option("--from", help=f"Read the story as {'|'.join(READERS)} (default: by content).")
 ]
-Cards = Annotated[list[Path] | None, typer.Option("--card", help="Add a character card (JSON or PNG); repeatable.")]
+Cards = Annotated[
+    list[Path] | None, typer.Option("--card", metavar="FILE", help="Add a character card (JSON or PNG); repeatable.")
+]
 Window = Annotated[int | None, typer.Option("--window", help="The model's window in tokens.")]
 MaxContext = Annotated[int | None, typer.Option("--max-context", help="Use at most this many tokens (0 = the window).")]
 Head = Annotated[int | None, typer.Option("--head", help="Opening messages kept verbatim.")]
@@ -80,26 +81,22 @@ class Request:
         return build(story, self.settings, emit=emit), story.hidden
 
 
-def request(
-    story: Path, source_format: str | None, cards: list[Path] | None, config: Path | None, **flags: Any
-) -> Request:
-    """The story and the file's settings with every given flag on top (flags win)."""
+def checked_format(source_format: str | None) -> str | None:
     if source_format is not None and source_format not in READERS:
         raise typer.BadParameter(f"{source_format!r}; expected one of {', '.join(READERS)}", param_hint="--from")
-    overrides: dict[str, tuple[Any, str]] = {}
-    for name, (flag, dotted) in FLAGS.items():
-        value = flags.get(name)
-        if value is None:
-            continue
-        if flag == "--reserve" and value != "auto":
-            try:
-                value = int(value)
-            except ValueError:
-                raise ConfigError(flag, None, f'expected a number of tokens ≥ 0 or "auto", got {value!r}') from None
-        overrides[dotted] = (value, flag)
+    return source_format
+
+
+def request(
+    story: Path, source_format: str | None, cards: list[Path] | None, config: Path | None, emit: str, **flags: Any
+) -> Request:
+    """The story and the file's settings with every given flag on top (flags win)."""
+    if emit not in EMITS:
+        raise typer.BadParameter(f"{emit!r}; expected one of {', '.join(EMITS)}", param_hint="--emit")
+    overrides = {dotted: (flags[name], flag) for name, (flag, dotted) in FLAGS.items() if flags.get(name) is not None}
     path = config.expanduser() if config else None
     settings = load_settings(path, overrides, explicit=config is not None)
-    return Request(story, source_format, list(cards or []), settings)
+    return Request(story, checked_format(source_format), list(cards or []), settings)
 
 
 @app.command("build")
@@ -125,11 +122,11 @@ def build_cmd(
 ) -> None:
     """Print the prompt for STORY on stdout (only the prompt; diagnostics go to stderr)."""
     flags = dict(window=window, max_context=max_context, head=head, tail=tail, reserve=reserve, tokenizer=tokenizer)
-    req = request(story, source_format, card, config, template=template, format=format, user=user, **flags)
+    req = request(story, source_format, card, config, emit, template=template, format=format, user=user, **flags)
     built, _ = req.run(emit)
     a = built.assembly
     if a.refusal:
-        raise ContextOverflow(a, f"{story}: {a.refusal.explain()}")
+        raise ContextOverflow(a, f"{story}: {refusal_message(a.refusal, built.budget)}")
     assert built.prompt is not None
     if output:
         write_atomic(output, built.prompt)
@@ -163,7 +160,7 @@ def inspect_cmd(
 ) -> None:
     """Show why the prompt for STORY looks the way it does (the explanation is the default)."""
     flags = dict(window=window, max_context=max_context, head=head, tail=tail, reserve=reserve, tokenizer=tokenizer)
-    req = request(story, source_format, card, config, template=template, format=format, user=user, **flags)
+    req = request(story, source_format, card, config, emit, template=template, format=format, user=user, **flags)
     built, hidden = req.run(emit)
     data = facts(built, hidden)
     if as_json:
@@ -180,21 +177,11 @@ def inspect_cmd(
 @app.command("validate")
 def validate_cmd(story: StoryArg, source_format: From = None, debug: Debug = False) -> None:
     """Report every problem of STORY at once; exit 1 when any is an error."""
-    kind = source_format or detect_format(story)
-    if kind == "native":
-        _, problems = check_native(story)
-    else:  # the other readers stop at their first error
-        try:
-            open_story(story, kind)
-            problems = []
-        except StoryError as exc:
-            problems = [Problem(exc.line, exc.message)]
-    errors = 0
+    kind, problems = check_story(story, checked_format(source_format))
     for p in problems:
         where = f"{story}:{p.line}" if p.line else str(story)
         typer.echo(f"{where}: {p.severity}: {p.message}", err=True)
-        errors += p.severity == "error"
-    if errors:
+    if any(p.severity == "error" for p in problems):
         raise typer.Exit(1)
     warnings = f" ({len(problems)} warning{'s' * (len(problems) != 1)})" if problems else ""
     typer.echo(f"{story}: ok, {kind}{warnings}", err=True)
@@ -282,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         typer.echo(f"ctx: {exc}", err=True)
-        return exc.exit_code
+        # A bad flag value is a usage error; a bad config file or story is bad input.
+        return 2 if isinstance(exc, ConfigError) and exc.source.startswith("--") else exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BrokenPipeError:

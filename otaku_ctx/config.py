@@ -7,6 +7,7 @@ where it came from, so `ctx config show` can say.
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -91,7 +92,8 @@ def _check(source: str, dotted: str, key: Key, value: Any) -> Any:
     """Validate one value against its key; return it normalised."""
 
     def bad(expected: str) -> ConfigError:
-        return ConfigError(source, dotted, f"expected {expected}, got {value!r}")
+        shown = json.dumps(value, ensure_ascii=False) if isinstance(value, (str, int, float, bool)) else repr(value)
+        return ConfigError(source, dotted, f"expected {expected}, got {shown}")
 
     if key.kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
@@ -106,6 +108,8 @@ def _check(source: str, dotted: str, key: Key, value: Any) -> Any:
     if key.kind == "reserve":
         if value == "auto":
             return value
+        if isinstance(value, str) and value.isdigit():  # from a flag: --reserve 800
+            return int(value)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise bad('a number of tokens ≥ 0 or "auto"')
         return value
@@ -118,12 +122,14 @@ def _check(source: str, dotted: str, key: Key, value: Any) -> Any:
     return value
 
 
-def _consistency(settings: dict[str, dict[str, Any]], source: str) -> None:
-    ctx = settings["context"]
-    if ctx["tail_step"] == 0:
-        raise ConfigError(source, "context.tail_step", "expected a number ≥ 1 (the tail must be able to shrink)")
+def _consistency(settings: dict[str, dict[str, Any]], sources: dict[str, str]) -> None:
+    """Rules between values, named by where the offending value came from."""
+    if settings["context"]["tail_step"] == 0:
+        raise ConfigError(
+            sources["context.tail_step"], "context.tail_step", "expected a number ≥ 1 (the tail must be able to shrink)"
+        )
     if settings["model"]["window"] == 0:
-        raise ConfigError(source, "model.window", "expected the model's window in tokens, ≥ 1")
+        raise ConfigError(sources["model.window"], "model.window", "expected the model's window in tokens, ≥ 1")
 
 
 def load_settings(
@@ -155,7 +161,7 @@ def load_settings(
         section, key = dotted.split(".", 1)
         values[section][key] = _check(source, dotted, SCHEMA[section][key], value)
         sources[dotted] = source
-    _consistency(values, str(read or "settings"))
+    _consistency(values, sources)
     return Settings(values, sources, read)
 
 

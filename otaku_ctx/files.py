@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -32,6 +33,8 @@ def write_atomic(path: Path | str, text: str) -> None:
     (0666 less the umask), an existing one keeps its own.
     """
     path = Path(path)
+    if not path.parent.is_dir():  # else the error would name the temp file
+        raise FileNotFoundError(errno.ENOENT, "no such folder to write into", str(path.parent))
     if path.is_symlink():
         path = path.resolve()
     mode = _mode_for(path)

@@ -181,6 +181,11 @@ def read_preset(path: Path) -> Format:
     if not isinstance(data, dict):
         raise ConfigError(source, None, "expected a JSON object (a SillyTavern instruct preset)")
     data = {key: value for key, value in data.items() if value is not None}
+    if "input_sequence" not in data and "output_sequence" not in data:
+        kind = "a SillyTavern context preset (story_string)" if "story_string" in data else "not an instruct preset"
+        raise ConfigError(
+            source, None, f"is {kind}: a format needs input_sequence and output_sequence (an instruct preset)"
+        )
 
     # A preset is always a text format and has no BOS of its own.
     wanted = [key for key in (*_STR_FIELDS, *_BOOL_FIELDS) if key not in ("bos", "chat")]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -29,6 +30,9 @@ from .tokens import TokenCounter
 
 MACRO = re.compile(r"\{\{(char|user)\}\}", re.IGNORECASE)
 EMITS = ("text", "messages", "openai-chat", "openai-completion")
+# The open turn's `message`: private-use characters around a per-run nonce, which story text
+# (data read from a file) cannot predict.
+OPEN_MARK = f"\ue000open-{secrets.token_hex(8)}\ue001"
 # A chat message costs its content plus the role and the message's own framing; OpenAI's
 # published rule for cl100k chat models is 3 tokens a message + the role, and 3 to prime
 # the reply. That is what `--emit messages` and `--emit openai-chat` are counted by.
@@ -96,7 +100,7 @@ def load_template(name_or_path: str, home: Path | None) -> Template:
         path = next((p for p in found if p.is_file()), found[-1] if found else path)
         if not path.is_file():
             names = sorted({p.stem for d in search_dirs("templates", home) if d.is_dir() for p in d.glob("*.hbs")})
-            raise ConfigError("--template", None, f"no template named {name_or_path!r}; known: {', '.join(names)}")
+            raise ConfigError(name_or_path, None, f"no template named {name_or_path!r}; known: {', '.join(names)}")
     try:
         source = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -206,7 +210,9 @@ class Variables:
             else "",
             "personas": json.dumps(personas, ensure_ascii=False, indent=2) if users else "",
             "scenario": scenario,
-            "instructions": names.fill(story.info.instructions) or names.fill(self.settings.instructions),
+            # Serene Pub's template has no {{system}}: there the system prompt is the chat
+            # prompt's instructions, so the story's system message stands in when none is set.
+            "instructions": names.fill(story.info.instructions) or names.fill(self.settings.instructions) or system,
             "currentDate": story.info.current_date,
             "storySoFar": names.fill(story.info.story_so_far),
             # SillyTavern's story-string parameters (seed 003)
@@ -231,7 +237,9 @@ class Variables:
         story = self.story
         last = next((m.name for m in reversed(story.messages) if m.role == "assistant" and m.name), None)
         speaker = story.info.char or last or self.names.char or "Assistant"
-        return {"role": "assistant", "name": speaker, "message": "", "kind": "open", "number": None,
+        # Its `message` is a mark no story text can hold: where the template prints it is how
+        # the renderer knows which block the model continues (the mark itself prints nothing).
+        return {"role": "assistant", "name": speaker, "message": OPEN_MARK, "kind": "open", "number": None,
                 "scene": None, "title": ""}  # fmt: skip
 
     def for_assembly(self, head: Sequence[Part], recap: Sequence[Part], tail: Sequence[Part]) -> dict[str, Any]:
@@ -303,18 +311,12 @@ class PromptRenderer:
     reserve: int = 0
 
     def render(self, head: Sequence[Part], recap: Sequence[Part], tail: Sequence[Part]) -> list[Block]:
+        """Role blocks; the last is open when it holds the open turn (see `Variables.open_turn`)."""
         blocks = self.template.render(self.variables.for_assembly(head, recap, tail))
-        if blocks and self.is_open_turn(blocks[-1]):
-            blocks[-1] = Block("assistant", blocks[-1].text, open=True)
-        return blocks
-
-    def is_open_turn(self, block: Block) -> bool:
-        """Whether the template's last block is the open turn (the empty last chatMessages
-        entry: "Name: " or nothing), which the model continues, rather than a spoken line."""
-        if block.role != "assistant":
-            return False
-        text = block.text.rstrip()
-        return not text or text.endswith(":") or text == self.variables.open_turn["name"]
+        out = [Block(b.role, b.text.replace(OPEN_MARK, "")) if OPEN_MARK in b.text else b for b in blocks]
+        if out and OPEN_MARK in blocks[-1].text and out[-1].role == "assistant":
+            out[-1] = Block("assistant", out[-1].text, open=True)
+        return out
 
     def blocks(self, assembly: Assembly) -> list[Block]:
         return self.render(*_sections(assembly))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .assembler import Assembly
-from .build import Built
+from .build import Built, refusal_message
 
 
 def _range(messages) -> dict[str, int] | None:  # noqa: ANN001 - a tuple of Message
@@ -45,6 +45,6 @@ def facts(built: Built, story_hidden: int = 0) -> dict[str, Any]:
             "needed_context": r.needed_context,
             "missing_summaries": list(r.missing_summaries),
             "missing_histories": list(r.missing_histories),
-            "message": r.explain(),
+            "message": refusal_message(r, built.budget),
         }
     return data

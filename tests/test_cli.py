@@ -214,11 +214,17 @@ def test_bad_config_names_file_and_key(capsys, tmp_path, toml, needle):
     assert err.count("\n") == 1
 
 
-def test_bad_flag_value_names_the_flag(capsys):
+def test_bad_flag_value_is_a_usage_error_naming_the_flag(capsys):
     code, out, err = run(capsys, "build", CASE3, "--reserve", "lots")
-    assert code == 1 and out == "" and "--reserve" in err
+    assert (
+        code == 2
+        and out == ""
+        and '--reserve: context.reply_reserve: expected a number of tokens ≥ 0 or "auto", got "lots"' in err
+    )
     code, out, err = run(capsys, "build", CASE3, "--window", "-5")
-    assert code == 1 and out == "" and "--window" in err and "≥ 0" in err
+    assert code == 2 and out == "" and "--window" in err and "≥ 0" in err
+    code, out, err = run(capsys, "build", CASE3, "--window", "0")
+    assert code == 2 and out == "" and err.startswith("ctx: --window: model.window")
 
 
 def test_usage_error_is_exit_2(capsys):
@@ -226,9 +232,33 @@ def test_usage_error_is_exit_2(capsys):
     assert code == 2 and out == ""
 
 
-def test_unknown_emit_is_an_error(capsys):
-    code, out, err = run(capsys, "build", CASE3, "--emit", "yaml")
-    assert code == 1 and out == "" and "--emit" in err
+def test_unknown_emit_and_reader_are_usage_errors(capsys, tmp_path):
+    missing = tmp_path / "not-read.jsonl"  # checked before any story is read
+    for argv in (
+        ["build", missing, "--emit", "yaml"],
+        ["build", missing, "--from", "yaml"],
+        ["validate", missing, "--from", "yaml"],
+    ):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == "" and "yaml" in err and "not-read" not in err
+
+
+def test_refusal_names_the_setting_that_would_help(capsys):
+    _, _, err = run(capsys, "build", CASE4, "--window", "2000")
+    assert "raise --window (now 2,000)" in err
+    _, _, err = run(capsys, "build", CASE4, "--window", "9000", "--max-context", "2000")
+    assert "raise max_context (now 2,000)" in err
+    code, out, err = run(capsys, "build", CASE4, "--window", "100", "--reserve", "500")
+    assert code == 3 and out == ""
+    assert "the 500-token reply reserve leaves no room in a context of 100 tokens" in err
+
+
+def test_refusal_says_when_the_summaries_stop_early(capsys, tmp_path):
+    s = story(300, [(40, 60), (61, 80)])  # no scene holds message 21
+    path = write_jsonl(tmp_path / "late.jsonl", to_records(s))
+    code, _, err = run(capsys, "build", path, "--window", "500")
+    assert code == 3
+    assert "the summaries stop early: no scene holds message 21 (the first after the head)" in err
 
 
 # ── bad story input: one line, file and line, exit 1, nothing on stdout ─────────────────
@@ -282,8 +312,9 @@ def test_debug_shows_the_traceback(tmp_path):
 
 
 def test_unwritable_output_is_one_line(capsys, tmp_path):
-    code, out, err = run(capsys, "build", CASE3, "-o", tmp_path / "no" / "such" / "dir" / "p.txt")
-    assert code == 1 and out == "" and err.startswith("ctx: ") and err.count("\n") == 1
+    folder = tmp_path / "no" / "such" / "dir"
+    code, out, err = run(capsys, "build", CASE3, "-o", folder / "p.txt")
+    assert code == 1 and out == "" and err == f"ctx: {folder}: no such folder to write into\n"
 
 
 # ── validate ─────────────────────────────────────────────────────────────────────────────
@@ -432,3 +463,20 @@ def test_bad_imports_are_one_line_errors(capsys, tmp_path, case):
     assert code == 1 and out == ""
     assert err.startswith("ctx: ") and where in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_problems_are_reported_in_line_order(capsys, tmp_path):
+    path = write_bytes(tmp_path / "s.jsonl", GOOD.encode() + b"\n{bad\n" + b'{"role": "user", "content": "\xff"}\n')
+    code, _, err = run(capsys, "build", path)
+    assert code == 1 and f"{path}:2: malformed JSON" in err
+    code, _, err = run(capsys, "validate", path)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 2
+    assert ":2: error: malformed JSON" in lines[0] and ":3: error: bytes that are not UTF-8" in lines[1]
+
+
+def test_scene_ids_4_and_text_4_clash(capsys, tmp_path):
+    scenes = [{"type": "scene", "id": 1, "start": 1, "end": 2}, {"type": "scene", "id": "1", "start": 3, "end": 4}]
+    path = write_jsonl(tmp_path / "s.jsonl", [GOOD] * 4 + scenes)
+    code, _, err = run(capsys, "validate", path)
+    assert code == 1 and "scene id '1' is used twice (also on line 5)" in err

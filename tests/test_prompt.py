@@ -257,3 +257,39 @@ def test_a_template_sees_only_plain_data(tmp_path, capsys):
     code, out, _ = run(capsys, "build", path, "--template", template)
     assert code == 0
     assert out.startswith("[][][][]")
+
+
+def test_a_context_preset_is_not_a_format(capsys):
+    context = FIXTURES / "sillytavern" / "context" / "chatml.json"
+    code, out, err = run(capsys, "build", CASE3, "--format", context)
+    assert code == 1 and out == "" and "context preset" in err and "input_sequence" in err
+
+
+def test_a_last_reply_ending_in_a_colon_is_not_taken_for_the_open_turn(tmp_path):
+    template = tmp_path / "no-open.hbs"
+    template.write_text(
+        "{{#each chatMessages}}{{#if (eq kind 'message')}}{{#if (eq role 'user')}}{{#userBlock}}{{name}}: {{message}}"
+        "{{/userBlock}}{{else}}{{#assistantBlock}}{{name}}: {{message}}{{/assistantBlock}}{{/if}}{{/if}}{{/each}}",
+        encoding="utf-8",
+    )
+    s = chat_story(4)
+    s = Story(path=s.path, messages=(*s.messages[:2], Message(3, "assistant", "It reads:", "Ilya")))
+    st = settings(template=str(template))
+    built = build(s, st, emit="messages")
+    assert json.loads(built.prompt)[-1] == {"role": "assistant", "content": "Ilya: It reads:"}
+    blocks = renderer_for(s, st).blocks(built.assembly)
+    assert not blocks[-1].open
+
+
+def test_serene_shows_the_system_message_as_instructions():
+    s = chat_story()
+    st = settings(template="serene", user="Mara")
+    blocks = renderer_for(s, st).blocks(build(s, st).assembly)
+    assert 'Instructions:\n"""\nNarrate for Mara.\n"""' in blocks[0].text
+
+
+def test_sillytavern_template_does_not_repeat_the_main_card():
+    s = chat_story()
+    st = settings(template="sillytavern", user="Mara")
+    prompt = build(s, st).prompt
+    assert prompt.count("Ilya keeps the lamp") == 1

@@ -51,6 +51,20 @@ def read_story(path: Path | str, source_format: str | None = None) -> Story:
     return reader(path)
 
 
+def check_story(path: Path | str, source_format: str | None = None) -> tuple[str, list[Problem]]:
+    """The story's format and its problems: every one for a native file (its reader collects
+    them), the first for the others (their readers stop there)."""
+    path = Path(path)
+    kind = source_format or detect_format(path)
+    if kind == "native":
+        return kind, check_native(path)[1]
+    try:
+        read_story(path, kind)
+    except StoryError as exc:
+        return kind, [Problem(exc.line, exc.message)]
+    return kind, []
+
+
 def detect_format(path: Path | str) -> str:
     """The name of the reader for this file, judged by its content; StoryError if none fits."""
     path = Path(path)
@@ -128,4 +142,13 @@ def _is_otaku_export(text: str) -> bool:
     return body.lstrip().lower().startswith("otaku") or "format-version:" in body
 
 
-__all__ = ["EXPECTED", "Problem", "READERS", "check_native", "detect_format", "read_native", "read_story"]
+__all__ = [
+    "check_story",
+    "EXPECTED",
+    "Problem",
+    "READERS",
+    "check_native",
+    "detect_format",
+    "read_native",
+    "read_story",
+]

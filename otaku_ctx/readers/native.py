@@ -48,8 +48,9 @@ class _Builder:
         self.problems.append(Problem(line, message))
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Yield (line number, text) of a UTF-8 file, streaming; bad bytes are a StoryError."""
+def _lines(path: Path, problems: list[Problem] | None = None) -> Iterator[tuple[int, str]]:
+    """Yield (line number, text) of a UTF-8 file, streaming. A line of bytes that are not
+    UTF-8 is a StoryError, or, given `problems`, reported there and skipped."""
     with reading(path):
         handle = path.open("rb")
     with handle:
@@ -58,7 +59,10 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 message = f"bytes that are not UTF-8 at column {exc.start + 1}; save the file as UTF-8"
-                raise StoryError(path, number, message) from None
+                if problems is None:
+                    raise StoryError(path, number, message) from None
+                problems.append(Problem(number, message))
+                continue
             yield number, text.removeprefix("\ufeff") if number == 1 else text
 
 
@@ -200,12 +204,13 @@ def _check_scenes(b: _Builder) -> list[Scene]:
                     )
                 )
         scenes.append(scene)
-    seen: dict[int | str, int] = {}
+    seen: dict[str, int] = {}  # 4 and "4" read the same in every message, so they clash
     for scene in scenes:
         if scene.id is not None:
-            if scene.id in seen:
-                b.error(scene.line, f"scene id {scene.id!r} is used twice (also on line {seen[scene.id]})")
-            seen[scene.id] = scene.line or 0
+            key = str(scene.id)
+            if key in seen:
+                b.error(scene.line, f"scene id {scene.id!r} is used twice (also on line {seen[key]})")
+            seen[key] = scene.line or 0
     return scenes
 
 
@@ -247,17 +252,20 @@ def parse_lines(path: Path, lines: Iterable[tuple[int, str]]) -> tuple[Story, li
 
 
 def check_native(path: Path) -> tuple[Story | None, list[Problem]]:
-    """Every problem of a native story file (for `ctx validate`); bad bytes stop the read."""
+    """Every problem of a native story file, in line order (for `ctx validate`)."""
+    undecodable: list[Problem] = []
     try:
-        return parse_lines(path, _lines(path))
-    except StoryError as exc:
+        story, problems = parse_lines(path, _lines(path, undecodable))
+    except StoryError as exc:  # the file cannot be opened at all
         return None, [Problem(exc.line, exc.message)]
+    return story, sorted([*undecodable, *problems], key=lambda p: p.line or 0)
 
 
 def read_native(path: Path) -> Story:
-    """Read a native story, raising StoryError on its first error."""
-    story, problems = parse_lines(path, _lines(path))
+    """Read a native story, raising StoryError on its first error (by line)."""
+    story, problems = check_native(path)
     for problem in problems:
         if problem.severity == "error":
             raise StoryError(path, problem.line, problem.message)
+    assert story is not None
     return story
