@@ -361,7 +361,7 @@ class _Search:
                 )
             else:
                 self.steps.append(f"{label}: no scene is covered ({chain.stop}); every message is verbatim")
-            found = self.try_rung(rung, target, chain, opening, base)
+            found = self.try_rung(target, chain, opening, base)
             if found is not None:
                 case = found.case
                 if rung > 0:
@@ -371,7 +371,9 @@ class _Search:
                 return replace(found, case=case, steps=tuple(self.steps))
         return self.refuse(opening, base, targets)
 
-    def try_rung(self, rung: int, target: int, chain: Chain, opening, base: int) -> Assembly | None:
+    def try_rung(self, target: int, chain: Chain, opening: Sequence[Message], base: int) -> Assembly | None:
+        """Cases 3 and 4 at one tail target: the levels of this chain, in order; the first
+        that fits wins."""
         story = self.story
         ending = tail(story, self.shape, chain)
         room = self.limit - base
@@ -491,7 +493,7 @@ class _Search:
 
     # ── Case 6: refusal ──────────────────────────────────────────────────────────────────
 
-    def refuse(self, opening, base: int, targets: list[int]) -> Assembly:
+    def refuse(self, opening: Sequence[Message], base: int, targets: list[int]) -> Assembly:
         """Nothing fits at the floor: say the smallest size reached, the context that would
         fit it, and which scenes' missing summaries or histories stand in the way."""
         story, shape = self.story, self.shape
