@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .assembler import Assembly, Refusal, Shape, assemble
@@ -105,7 +105,12 @@ def renderer_for(story: Story, settings: Settings, *, emit: str = "text", reserv
         raise ConfigError("--emit", None, f"unknown emit form {emit!r}; expected one of {', '.join(EMITS)}")
     p = settings.values["prompt"]
     home = otaku_home()
-    names = Names.of(story, p["user"] or None)
+    # --user names the persona outright; the config's `user` only fills in when the story
+    # does not say who the user is.
+    flagged = settings.sources["prompt.user"] == "--user"
+    names = Names.of(story, p["user"] if flagged else None)
+    if not names.user and p["user"]:
+        names = replace(names, user=p["user"])
     variables = Variables(
         story,
         names,

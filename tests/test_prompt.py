@@ -13,7 +13,7 @@ from stories import story, to_records, write_jsonl
 from otaku_ctx.build import build, open_story, renderer_for
 from otaku_ctx.cli import main
 from otaku_ctx.config import load_settings
-from otaku_ctx.model import Card, Message, Story
+from otaku_ctx.model import Card, Message, Story, StoryInfo
 from otaku_ctx.tokens import make_counter
 
 CASE3 = REPO / "examples" / "lighthouse-case3.jsonl"
@@ -293,3 +293,13 @@ def test_sillytavern_template_does_not_repeat_the_main_card():
     st = settings(template="sillytavern", user="Mara")
     prompt = build(s, st).prompt
     assert prompt.count("Ilya keeps the lamp") == 1
+
+
+def test_user_flag_wins_config_user_only_fills_in(tmp_path):
+    s = chat_story()
+    told = Story(path=s.path, messages=s.messages, system=s.system, info=StoryInfo(user="Wren"))
+    config = load_settings(overrides={"prompt.user": ("Robin", str(tmp_path / "config.toml"))})
+    flag = load_settings(overrides={"prompt.user": ("Robin", "--user")})
+    assert build(s, config).prompt.startswith("Narrate for Robin.")  # the story does not say
+    assert build(told, config).prompt.startswith("Narrate for Wren.")  # the story says
+    assert build(told, flag).prompt.startswith("Narrate for Robin.")  # the flag says
