@@ -224,9 +224,9 @@ class Variables:
             "wiBefore": "",
             "wiAfter": "",
             "loreBefore": "",
-            "loreAfter": "",  # fmt: skip
+            "loreAfter": "",
             "anchorBefore": "",
-            "anchorAfter": "",  # fmt: skip
+            "anchorAfter": "",
             "worldLore": "",
             "narrativeGraph": "",
         }
