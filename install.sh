@@ -21,7 +21,7 @@ fi
 
 echo "installing ctx into $venv" >&2
 "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$here"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --use-pep517 "$here"
 mkdir -p "$bindir"
 ln -sf "$venv/bin/ctx" "$bindir/ctx"
 
