@@ -80,10 +80,8 @@ def reply_reserve(story: Story, settings: Settings, count: TokenCounter) -> tupl
             replies.append(message.content)
     if not replies:
         return c["reserve_default"], "auto: no assistant reply yet"
-    longest = max(count(text) for text in replies)
-    return math.ceil(
-        longest * c["reserve_factor"]
-    ), f"auto: longest of the last {len(replies)} replies × {c['reserve_factor']:g}"
+    reserve = math.ceil(max(count(text) for text in replies) * c["reserve_factor"])
+    return reserve, f"auto: longest of the last {len(replies)} replies × {c['reserve_factor']:g}"
 
 
 def budget_of(story: Story, settings: Settings, count: TokenCounter) -> Budget:
@@ -131,5 +129,5 @@ def build(story: Story, settings: Settings, *, emit: str = "text") -> Built:
     renderer = renderer_for(story, settings, emit=emit, reserve=budget.reserve)
     pricer = TemplatePricer(renderer, count)
     assembly = assemble(story, shape_of(settings), budget.limit, pricer, reserve=budget.reserve)
-    prompt = None if assembly.refusal else renderer.emitted(renderer.blocks(assembly))
+    prompt = None if assembly.refusal else renderer.emitted(pricer.blocks(assembly))
     return Built(assembly, budget, count.name, prompt)

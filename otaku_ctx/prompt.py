@@ -379,6 +379,7 @@ class TemplatePricer:
         self._fixed: int | None = None
         self._opening: int | None = None
         self._cache: dict[tuple[str, Part], int] = {}
+        self._rendered: tuple[tuple[Any, ...], list[Block]] | None = None
 
     def pieces(self, blocks: Sequence[Block]) -> list[str]:
         if self.renderer.chat_counted:
@@ -449,7 +450,15 @@ class TemplatePricer:
         return cached
 
     def exact(self, assembly: Assembly) -> int:
-        return self.tokens(self.renderer.blocks(assembly))
+        return self.tokens(self.blocks(assembly))
+
+    def blocks(self, assembly: Assembly) -> list[Block]:
+        """The assembly's blocks; the last one rendered for `exact` is kept, since the
+        candidate that was counted is the one that is emitted."""
+        key = (assembly.head, assembly.recap, assembly.tail)
+        if self._rendered is None or self._rendered[0] != key:
+            self._rendered = (key, self.renderer.blocks(assembly))
+        return self._rendered[1]
 
     def tokens(self, blocks: Sequence[Block]) -> int:
         """The count of the emitted prompt: the flat text, or chat messages by OpenAI's rule."""
