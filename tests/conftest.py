@@ -8,6 +8,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO.parent / "shared" / "fixtures"
+CASE3 = REPO / "examples" / "lighthouse-case3.jsonl"
+CASE4 = REPO / "examples" / "lighthouse-case4.jsonl"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
+    """`ctx ARGV` in-process: (exit code, stdout, stderr)."""
+    from otaku_ctx.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 @pytest.fixture(autouse=True)

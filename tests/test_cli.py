@@ -6,21 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, REPO
+from conftest import CASE3, CASE4, FIXTURES, REPO, run
 from stories import story, to_records, write_jsonl
 
 from otaku_ctx.cli import main
 from otaku_ctx.config import default_toml
 from otaku_ctx.tokens import make_counter
-
-CASE3 = REPO / "examples" / "lighthouse-case3.jsonl"
-CASE4 = REPO / "examples" / "lighthouse-case4.jsonl"
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def inspect_json(capsys, *argv) -> dict:

@@ -7,28 +7,19 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, REPO
+from conftest import CASE3, CASE4, FIXTURES, REPO, run
 from stories import story, to_records, write_jsonl
 
 from otaku_ctx.build import build, open_story, renderer_for
-from otaku_ctx.cli import main
 from otaku_ctx.config import load_settings
 from otaku_ctx.model import Card, Message, Story, StoryInfo
 from otaku_ctx.tokens import make_counter
 
-CASE3 = REPO / "examples" / "lighthouse-case3.jsonl"
-CASE4 = REPO / "examples" / "lighthouse-case4.jsonl"
 PRESETS = sorted((FIXTURES / "sillytavern" / "instruct").glob("*.json"))
 
 
 def settings(**prompt):
     return load_settings(overrides={f"prompt.{k}": (v, "test") for k, v in prompt.items()})
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def chat_story(n: int = 8) -> Story:
