@@ -15,7 +15,7 @@ candidate that fits, so the emitted prompt is ≤ the limit to the token.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Literal, Protocol
@@ -302,11 +302,16 @@ class _Search:
     steps: list[str] = field(default_factory=list)
     smallest: int | None = None
 
-    def verbatim_costs(self, messages: Sequence[Message], after: Role | None) -> list[int]:
+    def verbatim_costs(
+        self, messages: Sequence[Message], after: Role | None, *, newest_first: bool = False
+    ) -> Iterator[int]:
         """Each message's price where it stands: after the one before it (the first after
-        `after`), since turns of one role merge and turns of two alternate."""
-        roles = [after, *(m.role for m in messages[:-1])]
-        return [self.pricer.part(Part.verbatim(m), role) for m, role in zip(messages, roles, strict=False)]
+        `after`), since turns of one role merge and turns of two alternate. Lazily, so a
+        capped sum stops pricing once it is over."""
+        pairs = list(zip(messages, [after, *(m.role for m in messages[:-1])], strict=False))
+        if newest_first:
+            pairs.reverse()
+        return (self.pricer.part(Part.verbatim(m), role) for m, role in pairs)
 
     def tail_after(self, opening: Sequence[Message], recap: bool) -> Role | None:
         """What the tail's first message follows: the recap (a system turn), or the head."""
@@ -322,7 +327,7 @@ class _Search:
 
     @cached_property
     def card_numbers(self) -> list[int]:
-        return [m.number for m in self.story.messages if m.card is not None]
+        return [m.number for m in self.story.cards]
 
     def cards(self, scene: Scene) -> tuple[Message, ...]:
         return cards_in(scene, self.story, self.shape, self.card_numbers)
@@ -381,10 +386,7 @@ class _Search:
         # the limit in play, so `confirm` can count it exactly.
         room += near_miss(self.limit)
         after = self.tail_after(opening, bool(chain.scenes))
-        roles = [after, *(m.role for m in ending[:-1])]
-        pairs = zip(reversed(ending), reversed(roles[: len(ending)]), strict=True)
-        costs = (self.pricer.part(Part.verbatim(m), role) for m, role in pairs)
-        tail_cost, whole = _capped_sum(costs, room)
+        tail_cost, whole = _capped_sum(self.verbatim_costs(ending, after, newest_first=True), room)
         if not whole:
             self.steps.append(
                 f"tail target {target}: head and tail (messages {_msgs(ending)}) alone exceed {self.limit:,} tokens"

@@ -81,6 +81,11 @@ class Request:
         return build(story, self.settings, emit=emit), story.hidden
 
 
+def settings_from(config: Path | None, overrides: dict[str, tuple[Any, str]] | None = None) -> Settings:
+    """The settings of `--config PATH` (which must exist) or of the default file (which may not)."""
+    return load_settings(config.expanduser() if config else None, overrides, explicit=config is not None)
+
+
 def checked_format(source_format: str | None) -> str | None:
     if source_format is not None and source_format not in READERS:
         raise typer.BadParameter(f"{source_format!r}; expected one of {', '.join(READERS)}", param_hint="--from")
@@ -94,8 +99,7 @@ def request(
     if emit not in EMITS:
         raise typer.BadParameter(f"{emit!r}; expected one of {', '.join(EMITS)}", param_hint="--emit")
     overrides = {dotted: (flags[name], flag) for name, (flag, dotted) in FLAGS.items() if flags.get(name) is not None}
-    path = config.expanduser() if config else None
-    settings = load_settings(path, overrides, explicit=config is not None)
+    settings = settings_from(config, overrides)
     return Request(story, checked_format(source_format), list(cards or []), settings)
 
 
@@ -228,7 +232,7 @@ def config_show(
     debug: Debug = False,
 ) -> None:
     """Print the effective settings and where each came from."""
-    settings = load_settings(config.expanduser() if config else None, explicit=config is not None)
+    settings = settings_from(config)
     rows = [
         (f"{section}.{key}", settings.values[section][key], settings.sources[f"{section}.{key}"])
         for section, keys in SCHEMA.items()

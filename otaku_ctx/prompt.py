@@ -51,7 +51,8 @@ class Names:
 
     @classmethod
     def of(cls, story: Story, user: str | None = None) -> Names:
-        char = story.info.char or next((m.card.name for m in story.messages if m.card), "")
+        cards = story.cards
+        char = story.info.char or (cards[0].card.name if cards and cards[0].card else "")
         return cls(char=char, user=user or story.info.user)
 
     def fill(self, text: str) -> str:
@@ -65,6 +66,10 @@ class Names:
             return name or match.group(0)
 
         return MACRO.sub(swap, text)
+
+    def within(self, card: Card | None) -> Names:
+        """The names as a card's own text sees them: there `{{char}}` is that card."""
+        return Names(card.name, self.user) if card else self
 
     def speaker(self, message: Message) -> str:
         if message.name:
@@ -128,7 +133,7 @@ class PromptSettings:
 
 
 def _card_json(card: Card, names: Names) -> dict[str, str]:
-    fill = Names(card.name, names.user).fill
+    fill = names.within(card).fill
     data = {
         "name": card.name,
         "description": fill(card.description),
@@ -151,13 +156,18 @@ class Variables:
         return compiled(self.settings.card_template, "[prompt] card_template")
 
     @cached_property
+    def known_cards(self) -> list[Card]:
+        """The story's cards, then its cast."""
+        return [m.card for m in self.story.cards if m.card] + list(self.story.info.cast)
+
+    @cached_property
     def main_card(self) -> Card | None:
-        cards = [m.card for m in self.story.messages if m.card] + list(self.story.info.cast)
+        cards = self.known_cards
         return next((c for c in cards if c.name == self.names.char), cards[0] if cards else None)
 
     def card_text(self, card: Card) -> str:
         """How a card message reads: the `[prompt] card_template`, with macros filled in."""
-        fill = Names(card.name, self.names.user).fill
+        fill = self.names.within(card).fill
         text = self.card_template.render_text(
             {
                 "name": card.name,
@@ -191,12 +201,12 @@ class Variables:
     def fixed(self) -> dict[str, Any]:
         """The variables that do not depend on the assembly."""
         story, names, card = self.story, self.names, self.main_card
-        cards = [m.card for m in story.messages if m.card] + list(story.info.cast)
+        cards = self.known_cards
         users = list(dict.fromkeys([names.user] if names.user else []))
         users += [m.name for m in story.messages if m.role == "user" and m.name and m.name not in users]
         persona = names.fill(story.info.persona)
         personas = [{"name": u, **({"description": persona} if persona and u == names.user else {})} for u in users]
-        fill = Names(card.name, names.user).fill if card else names.fill
+        fill = names.within(card).fill
         scenario = names.fill(story.info.scenario) or (fill(card.scenario) if card else "")
         example = fill(card.example_dialogue) if card else ""
         system = names.fill(story.system) or (fill(card.system_prompt) if card else "")
@@ -283,7 +293,7 @@ class Variables:
         """Seed 000's reminder: depth 0 targets the open turn (the last entry), depth N sits N
         messages earlier, clamped to the oldest entry."""
         card = self.main_card
-        fill = Names(card.name, self.names.user).fill if card else self.names.fill
+        fill = self.names.within(card).fill
         post = {
             "instructions": self.names.fill(self.settings.post_history_instructions),
             "charInstructions": fill(card.post_history_instructions) if card else "",
