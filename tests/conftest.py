@@ -10,6 +10,7 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO.parent / "shared" / "fixtures"
 CASE3 = REPO / "examples" / "lighthouse-case3.jsonl"
 CASE4 = REPO / "examples" / "lighthouse-case4.jsonl"
+EXAMPLES = (CASE3, CASE4)
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
@@ -26,3 +27,7 @@ def otaku_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     home = tmp_path_factory.mktemp("otaku-home")
     monkeypatch.setenv("OTAKU_HOME", str(home))
     return home
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", help="Rewrite tests/golden/ from the current output.")
