@@ -1,10 +1,18 @@
-"""Shared fixtures: never read the real ~/.otaku; find the shared fixtures beside the repo."""
+"""Shared fixtures: never read the real ~/.otaku; example paths; the Hypothesis profiles."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Hypothesis: a quick default for the README's test command, a thorough profile for CI
+# (CI=true), or any profile by name with HYPOTHESIS_PROFILE.
+settings.register_profile("default", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "default"))
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO.parent / "shared" / "fixtures"

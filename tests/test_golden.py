@@ -10,12 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import EXAMPLES, REPO
 
 from otaku_ctx.build import build, open_story
 from otaku_ctx.config import load_settings
 from otaku_ctx.prompt import EMITS
-
-from conftest import EXAMPLES, REPO
 
 GOLDEN = Path(__file__).parent / "golden"
 TEMPLATES = sorted(p.stem for p in (REPO / "configs" / "templates").glob("*.hbs"))
@@ -45,8 +44,6 @@ def test_golden_prompts(example: Path, template: str, request: pytest.FixtureReq
 
 def test_every_golden_file_is_checked() -> None:
     """A golden file left behind by a removed template, format or example fails loudly."""
-    expected = {
-        f"{e.stem}/{t}.{f}.{emit}" for e in EXAMPLES for t in TEMPLATES for f in FORMATS for emit in EMITS
-    }
+    expected = {f"{e.stem}/{t}.{f}.{emit}" for e in EXAMPLES for t in TEMPLATES for f in FORMATS for emit in EMITS}
     present = {f"{p.parent.name}/{p.name}" for p in GOLDEN.glob("*/*")}
     assert present == expected

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from otaku_ctx.assembler import Assembly, Shape, assemble
@@ -157,19 +157,16 @@ def run(
         assert renderer.emitted(blocks)  # renders without error
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stories(), shapes, st.floats(0.05, 1.2), st.integers(0, 40))
 def test_invariants_cl100k_text(s: Story, shape: Shape, fraction: float, reserve: int) -> None:
     run(s, shape, fraction, reserve, "text", "cl100k_base")
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stories(), shapes, st.floats(0.05, 1.2), st.integers(0, 40))
 def test_invariants_estimate_messages(s: Story, shape: Shape, fraction: float, reserve: int) -> None:
     run(s, shape, fraction, reserve, "messages", "estimate")
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     chained_stories(),
     shapes,
