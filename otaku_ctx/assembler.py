@@ -1,10 +1,27 @@
 """The context assembler: otaku's six cases (seed 001), as ARCHITECTURE.md states them.
 
-Read it beside the design: `head` (case 1's verbatim opening), `covered_chain` (case 3's
-summarised middle), `tail`, `cards_in` (cards before their scene's summary, the message-47
-example), `recap_at_level` (case 4: a scene's history stands in for the summaries up to it,
-cards float), `rungs` (case 5: the tail target drops 150 → 100 → 50), and `_Search.refuse`
-(case 6). `_Search` tries them in that order.
+Read it beside the design. The window's sections, which every case is made of:
+
+- `head` — the opening messages, kept verbatim;
+- `covered_chain` — the scenes whose summaries replace the middle, for one tail target;
+- `tail` — everything after the last covered scene;
+- `cards_in` — cards are never summarised: each stands before its scene's summary (the
+  message-47 example);
+- `recap_at_level` — case 4: a scene's history stands in for the summaries up to it, and
+  the cards of those scenes float in front of it;
+- `rungs` — case 5: the tail targets, 150 → 100 → 50.
+
+Then the cases, in the seed's order, as the search tries them:
+
+- cases 1 and 2, "all messages are placed in the context verbatim": `_Search.fit_verbatim`;
+- case 3, "limit context growth while maintaining the prose style": `_Search.fit_summaries`;
+- case 4, "let the play continue by degrading the summaries": `_Search.fit_levels`;
+- case 5, "let the play continue by degrading the tail": `_Search.ladder`;
+- case 6, "the assembler refuses to compose the context": `_Search.refuse`;
+- `classify` names the case of a result; it is the only place a case number is decided.
+
+Each decision of the search is recorded as a `Step` — plain facts, no sentences; the report
+layer (`report.py`) writes the sentences.
 
 `assemble()` is pure: no I/O, no printing. What a part costs in the prompt is asked of a
 `Pricer`, which knows the template and format; the assembler adds those costs up (never
@@ -23,6 +40,7 @@ from typing import Literal, Protocol
 from .model import Message, Role, Scene, Story
 
 PartKind = Literal["message", "card", "summary", "history"]
+SceneRef = int | str
 
 
 @dataclass(frozen=True)
@@ -33,6 +51,11 @@ class Shape:
     min_tail: int = 150
     tail_step: int = 50
     tail_floor: int = 50
+
+    @property
+    def threshold(self) -> int:
+        """The verbatim threshold: head_messages + min_tail_messages (170 by default)."""
+        return self.head + self.min_tail
 
 
 @dataclass(frozen=True)
@@ -76,6 +99,141 @@ class Pricer(Protocol):
         ...
 
 
+# ── The facts of the search ──────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class ChainStop:
+    """Why a covered chain ends where it does.
+
+    `head_full`: the head holds every message; `no_start`: no scene holds message H+1;
+    `gap`: messages `first`..`last` belong to no scene; `reaches_tail`: `scene` ends at
+    message `last`, not before `boundary` (N − `target`); `no_summary`: `scene` has none;
+    `no_more`: the story has no more scenes."""
+
+    kind: Literal["head_full", "no_start", "gap", "reaches_tail", "no_summary", "no_more"]
+    scene: SceneRef | None = None
+    first: int = 0
+    last: int = 0
+    boundary: int = 0
+    messages: int = 0
+    target: int = 0
+
+
+@dataclass(frozen=True)
+class HeadPriced:
+    """The head and the fixed frame every candidate pays."""
+
+    messages: tuple[int, ...]  # (first, last) or ()
+    tokens: int
+    fixed: int
+    limit: int
+
+
+@dataclass(frozen=True)
+class ChainFound:
+    """The covered chain for a tail target (no scenes: everything is verbatim)."""
+
+    target: int
+    scenes: tuple[SceneRef, ...]
+    messages: tuple[int, ...]  # the covered messages (first, last) or ()
+    stop: ChainStop
+
+
+@dataclass(frozen=True)
+class SameChain:
+    """A lower rung covers the same scenes as the one before: nothing new to try."""
+
+    target: int
+    scenes: tuple[SceneRef, ...]
+
+
+@dataclass(frozen=True)
+class TailOverflow:
+    """At this tail target the head and tail alone exceed the limit."""
+
+    target: int
+    tail: tuple[int, ...]  # (first, last) or ()
+    limit: int
+
+
+@dataclass(frozen=True)
+class Tried:
+    """A candidate tested for fit: everything verbatim (`level` None), or a level of the chain.
+
+    `tokens` is the parts' sum when `rendered` is false, else the count of the rendered prompt."""
+
+    target: int
+    level: int | None
+    scenes: tuple[SceneRef, ...]  # the covered chain
+    tokens: int
+    limit: int
+    rendered: bool
+
+    @property
+    def fits(self) -> bool:
+        return self.tokens <= self.limit
+
+
+@dataclass(frozen=True)
+class SummariesOverflow:
+    """Level 0 cannot fit: `over` are the summaries that, with nothing else, already take
+    `tokens` of the `room` left (room ≤ 0: head, tail and cards leave none)."""
+
+    scenes: tuple[SceneRef, ...]
+    over: tuple[SceneRef, ...]
+    tokens: int
+    room: int
+
+
+@dataclass(frozen=True)
+class LevelsOverflow:
+    """Levels `first`..`last` cannot fit: the summaries they keep alone exceed the room."""
+
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
+class NoHistory:
+    """Levels that do not exist: their scenes have no history."""
+
+    levels: tuple[int, ...]
+    scenes: tuple[SceneRef, ...]
+
+
+@dataclass(frozen=True)
+class FitsRendered:
+    """At the floor the parts' sum was over, but the rendered prompt fits (sums are conservative)."""
+
+    target: int
+    level: int
+    priced: int
+    tokens: int
+    limit: int
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Case 6."""
+
+    refusal: Refusal
+
+
+Step = (
+    HeadPriced
+    | ChainFound
+    | SameChain
+    | TailOverflow
+    | Tried
+    | SummariesOverflow
+    | LevelsOverflow
+    | NoHistory
+    | FitsRendered
+    | Refused
+)
+
+
 @dataclass(frozen=True)
 class Refusal:
     """Case 6: why nothing fits, and what would."""
@@ -83,9 +241,9 @@ class Refusal:
     smallest: int  # tokens of the smallest prompt reached
     limit: int
     reserve: int
-    missing_summaries: tuple[int | str, ...] = ()
-    missing_histories: tuple[int | str, ...] = ()
-    chain_stop: str = ""  # why the summaries stop where they do, at the floor
+    missing_summaries: tuple[SceneRef, ...] = ()
+    missing_histories: tuple[SceneRef, ...] = ()
+    chain_stop: ChainStop | None = None  # why the summaries stop where they do, when the story could fix it
 
     @property
     def context(self) -> int:
@@ -97,35 +255,11 @@ class Refusal:
         """The context (window or max_context) that would fit the smallest prompt and the reserve."""
         return self.smallest + self.reserve
 
-    def explain(self, raise_what: str = "the context") -> str:
-        """What happened and what would help; `raise_what` names the setting to raise."""
-        if self.limit <= 0:
-            return (
-                f"nothing fits: the {self.reserve:,}-token reply reserve leaves no room in a context of "
-                f"{self.context:,} tokens; lower --reserve or raise {raise_what}."
-            )
-        text = (
-            f"nothing fits: the smallest prompt reached is {self.smallest:,} tokens, but the limit is "
-            f"{self.limit:,} ({self.context:,} minus a {self.reserve:,}-token reply reserve). "
-            f"A context of at least {self.needed_context:,} tokens would fit it: raise {raise_what}"
-        )
-        missing = []
-        if self.missing_summaries:
-            missing.append("scenes without a summary: " + ", ".join(map(str, self.missing_summaries)))
-        if self.missing_histories:
-            missing.append("scenes without a history: " + ", ".join(map(str, self.missing_histories)))
-        if missing:
-            text += "; or fill in what stands in the way (" + "; ".join(missing) + ")"
-        elif self.chain_stop:
-            text += f" (the summaries stop early: {self.chain_stop})"
-        return text + "."
-
 
 @dataclass(frozen=True)
 class Assembly:
     """The plan of one prompt and the trace of how it was chosen."""
 
-    case: int  # 1–6
     messages: int  # N
     limit: int
     reserve: int
@@ -135,9 +269,10 @@ class Assembly:
     tail_target: int = 0
     level: int = 0  # 0 = all summaries; k = scene k's history stands in for summaries 1..k
     tokens: int = 0  # the emitted prompt's count (exact), or the smallest reached on refusal
-    steps: tuple[str, ...] = ()
+    steps: tuple[Step, ...] = ()
     refusal: Refusal | None = None
     costs: dict[str, int] = field(default_factory=dict, compare=False)  # tokens by section
+    case: int = 0  # 1–6, named by `classify` once the search is over
 
     @property
     def parts(self) -> tuple[Part, ...]:
@@ -164,15 +299,13 @@ class Assembly:
         return ()
 
 
-# ── Case 1: the head ─────────────────────────────────────────────────────────────────────
+# ── The window's sections, which every case is made of ──────────────────────────────────
 
 
 def head(story: Story, shape: Shape) -> tuple[Message, ...]:
-    """Case 1's opening: messages 1..min(H, N), verbatim. (The system message precedes it.)"""
+    """ "The first messages (the head_messages setting) are passed verbatim": messages
+    1..min(H, N). The system message, when there is one, comes before it."""
     return story.messages[: min(shape.head, len(story))]
-
-
-# ── Case 3: the covered chain ────────────────────────────────────────────────────────────
 
 
 @dataclass(frozen=True)
@@ -180,36 +313,38 @@ class Chain:
     """The scenes whose summaries replace the middle, for one tail target."""
 
     scenes: tuple[Scene, ...]
-    stop: str  # why the chain ends where it does
+    stop: ChainStop  # why the chain ends where it does
     missing_summary: Scene | None = None  # the scene whose missing summary ended it
     blocked: bool = False  # it ends before the tail for a reason the story could fix
 
 
 def covered_chain(story: Story, shape: Shape, tail_target: int) -> Chain:
-    """Case 3: the scenes, in order, from the one holding message H+1, each starting right
-    after the previous one, each summarised, each ending before message N−T (which always
-    stays in the tail). The first scene that breaks a condition ends the chain."""
+    """The scenes, in order, from the one holding message H+1, each starting right after the
+    previous one, each summarised, each ending before message N−T ("the scene that covers
+    message 70" starts the tail). The first scene that breaks a condition ends the chain."""
     n, first = len(story), shape.head + 1
     boundary = n - tail_target
     if first > n:
-        return Chain((), f"the head holds all {n:,} messages")
+        return Chain((), ChainStop("head_full", messages=n))
     scenes = story.scenes
     at = bisect_right([s.start for s in scenes], first) - 1
     if at < 0 or not scenes[at].holds(first):
-        return Chain((), f"no scene holds message {first:,} (the first after the head)", blocked=first < boundary)
+        return Chain((), ChainStop("no_start", first=first), blocked=first < boundary)
     chain: list[Scene] = []
     for scene in scenes[at:]:
         if chain and scene.start != chain[-1].end + 1:
-            gap = f"messages {chain[-1].end + 1:,}–{scene.start - 1:,} belong to no scene"
+            gap = ChainStop("gap", first=chain[-1].end + 1, last=scene.start - 1)
             return Chain(tuple(chain), gap, blocked=chain[-1].end + 1 < boundary)
         if scene.end >= boundary:
-            why = f"scene {scene.ref} ends at message {scene.end:,}"
-            return Chain(tuple(chain), f"{why}, not before message {boundary:,} ({n:,} − {tail_target})")
+            late = ChainStop(
+                "reaches_tail", scene.ref, last=scene.end, boundary=boundary, messages=n, target=tail_target
+            )
+            return Chain(tuple(chain), late)
         if not scene.summary.strip():
-            return Chain(tuple(chain), f"scene {scene.ref} has no summary", missing_summary=scene, blocked=True)
+            return Chain(tuple(chain), ChainStop("no_summary", scene.ref), missing_summary=scene, blocked=True)
         chain.append(scene)
     last = chain[-1].end if chain else first - 1
-    return Chain(tuple(chain), "no more scenes", blocked=last + 1 < boundary)
+    return Chain(tuple(chain), ChainStop("no_more"), blocked=last + 1 < boundary)
 
 
 def tail(story: Story, shape: Shape, chain: Chain) -> tuple[Message, ...]:
@@ -221,16 +356,13 @@ def tail(story: Story, shape: Shape, chain: Chain) -> tuple[Message, ...]:
 def cards_in(
     scene: Scene, story: Story, shape: Shape, card_numbers: Sequence[int] | None = None
 ) -> tuple[Message, ...]:
-    """The message-47 rule: cards in a covered scene are never summarised. Those already in
+    """ "Cards never get into scene summaries": the cards of a covered scene. Those already in
     the head are there verbatim and are not repeated. `card_numbers` (sorted) saves a scan."""
     first = max(scene.start, shape.head + 1)
     if card_numbers is None:
         return tuple(m for m in story.messages[first - 1 : scene.end] if m.is_card)
     lo, hi = bisect_left(card_numbers, first), bisect_right(card_numbers, scene.end)
     return tuple(story.messages[number - 1] for number in card_numbers[lo:hi])
-
-
-# ── Case 4: levels ───────────────────────────────────────────────────────────────────────
 
 
 def recap_at_level(
@@ -248,11 +380,9 @@ def recap_at_level(
     return tuple(parts)
 
 
-# ── Case 5: rungs ────────────────────────────────────────────────────────────────────────
-
-
 def rungs(shape: Shape) -> list[int]:
-    """The tail targets to try: min_tail, then down by tail_step to tail_floor (150, 100, 50)."""
+    """ "Reduce the min_tail_messages setting in steps of 50 (150 → 100 → 50; 50 is the
+    floor)": the tail targets to try, in order."""
     targets = [shape.min_tail]
     while targets[-1] - shape.tail_step >= shape.tail_floor:
         targets.append(targets[-1] - shape.tail_step)
@@ -261,20 +391,12 @@ def rungs(shape: Shape) -> list[int]:
     return targets
 
 
-# ── The search ───────────────────────────────────────────────────────────────────────────
+def _ends(messages: Sequence[Message]) -> tuple[int, ...]:
+    return (messages[0].number, messages[-1].number) if messages else ()
 
 
-def _span(items: Sequence[Scene]) -> str:
-    if not items:
-        return "none"
-    a, b = items[0].ref, items[-1].ref
-    return f"{a}" if a == b else f"{a}–{b}"
-
-
-def _msgs(items: Sequence[Message]) -> str:
-    if not items:
-        return "none"
-    return f"{items[0].number:,}–{items[-1].number:,}" if len(items) > 1 else f"{items[0].number:,}"
+def _refs(scenes: Iterable[Scene]) -> tuple[SceneRef, ...]:
+    return tuple(s.ref for s in scenes)
 
 
 def near_miss(limit: int) -> int:
@@ -292,6 +414,40 @@ def _capped_sum(costs: Iterable[int], cap: int) -> tuple[int, bool]:
     return total, True
 
 
+# ── The search: cases 1 to 6, in the seed's order ──────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class _Rung:
+    """What one tail target fixes for every candidate tried at it."""
+
+    target: int
+    chain: Chain
+    opening: tuple[Message, ...]
+    ending: tuple[Message, ...]
+    base: int  # the fixed frame and the head
+    tail_cost: int
+    recap_cost: int = 0  # the recap's opening and its cards: what every level pays alike
+
+    @property
+    def fixed_cost(self) -> int:
+        """What every candidate at this rung pays whatever its level."""
+        return self.base + self.tail_cost + self.recap_cost
+
+    def candidate(self, search: _Search, level: int, tokens: int) -> Assembly:
+        return Assembly(
+            messages=len(search.story),
+            limit=search.limit,
+            reserve=search.reserve,
+            head=self.opening,
+            recap=recap_at_level(self.chain.scenes, level, search.cards),
+            tail=self.ending,
+            tail_target=self.target,
+            level=level,
+            tokens=tokens,
+        )
+
+
 @dataclass
 class _Search:
     story: Story
@@ -299,8 +455,10 @@ class _Search:
     limit: int
     reserve: int
     pricer: Pricer
-    steps: list[str] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
     smallest: int | None = None
+
+    # ── Pricing ──
 
     def verbatim_costs(
         self, messages: Sequence[Message], after: Role | None, *, newest_first: bool = False
@@ -317,12 +475,9 @@ class _Search:
         """What the tail's first message follows: the recap (a system turn), or the head."""
         return "system" if recap else (opening[-1].role if opening else None)
 
-    def recap_price(self, part: Part) -> int:
-        return self.pricer.recap_part(part)
-
     def recap_cost(self, scenes: Sequence[Scene], opening: Sequence[Message]) -> int:
         """What every level of this chain pays alike: the recap's opening and its cards."""
-        cards = sum(self.recap_price(Part("card", message=m)) for s in scenes for m in self.cards(s))
+        cards = sum(self.pricer.recap_part(Part("card", message=m)) for s in scenes for m in self.cards(s))
         return self.pricer.recap_opening(opening[-1].role if opening else None) + cards
 
     @cached_property
@@ -332,156 +487,21 @@ class _Search:
     def cards(self, scene: Scene) -> tuple[Message, ...]:
         return cards_in(scene, self.story, self.shape, self.card_numbers)
 
-    def note_size(self, tokens: int) -> None:
-        if self.smallest is None or tokens < self.smallest:
-            self.smallest = tokens
-
-    def run(self) -> Assembly:
-        story, shape = self.story, self.shape
-        n = len(story)
-        opening = head(story, shape)
-        fixed = self.pricer.fixed()
-        head_cost = sum(self.verbatim_costs(opening, None))
-        base = fixed + head_cost
-        self.steps.append(
-            f"head: messages {_msgs(opening)} verbatim ({head_cost:,} tokens); "
-            f"system and framing {fixed:,} tokens; limit {self.limit:,}"
-        )
-        threshold = shape.head + shape.min_tail
-        previous: tuple[Scene, ...] | None = None
-        targets = rungs(shape)
-        for rung, target in enumerate(targets):
-            chain = covered_chain(story, shape, target)
-            label = f"tail target {target}"
-            if previous is not None and chain.scenes == previous:
-                self.steps.append(
-                    f"{label}: covers the same scenes as before ({_span(chain.scenes)}) — nothing new to try"
-                )
-                continue
-            previous = chain.scenes
-            if chain.scenes:
-                self.steps.append(
-                    f"{label}: summaries cover scenes {_span(chain.scenes)} "
-                    f"(messages {chain.scenes[0].start:,}–{chain.scenes[-1].end:,}); the chain stops: {chain.stop}"
-                )
-            else:
-                self.steps.append(f"{label}: no scene is covered ({chain.stop}); every message is verbatim")
-            found = self.try_rung(target, chain, opening, base)
-            if found is not None:
-                case = found.case
-                if rung > 0:
-                    case = 5
-                elif not chain.scenes:
-                    case = 1 if n < threshold else 2
-                return replace(found, case=case, steps=tuple(self.steps))
-        return self.refuse(opening, base, targets)
-
-    def try_rung(self, target: int, chain: Chain, opening: Sequence[Message], base: int) -> Assembly | None:
-        """Cases 3 and 4 at one tail target: the levels of this chain, in order; the first
-        that fits wins."""
-        story = self.story
-        ending = tail(story, self.shape, chain)
-        room = self.limit - base
-        # Prices are within a hair of the rendered count: keep what is within `near_miss` of
-        # the limit in play, so `confirm` can count it exactly.
-        room += near_miss(self.limit)
-        after = self.tail_after(opening, bool(chain.scenes))
-        tail_cost, whole = _capped_sum(self.verbatim_costs(ending, after, newest_first=True), room)
-        if not whole:
-            self.steps.append(
-                f"tail target {target}: head and tail (messages {_msgs(ending)}) alone exceed {self.limit:,} tokens"
-            )
-            return None
-        room -= tail_cost
-        scenes = chain.scenes
-
-        def make(level: int, tokens: int) -> Assembly:
-            return Assembly(
-                case=4 if level else 3,
-                messages=len(story),
-                limit=self.limit,
-                reserve=self.reserve,
-                head=opening,
-                recap=recap_at_level(scenes, level, self.cards),
-                tail=ending,
-                tail_target=target,
-                level=level,
-                tokens=tokens,
-            )
-
-        if not scenes:
-            total = base + tail_cost
-            return self.confirm(make(0, total), "everything verbatim", total)
-        card_cost = self.recap_cost(scenes, opening)
-        room -= card_cost
-        # suffix[j] = tokens of the summaries of scenes j+1..m (0-based j); counted from the
-        # newest back, and only as far as could ever fit.
-        m = len(scenes)
-        suffix = [0] * (m + 1)
-        lowest = m  # smallest j with suffix[j] ≤ room
-        for j in range(m - 1, -1, -1):
-            suffix[j] = suffix[j + 1] + self.recap_price(Part("summary", scene=scenes[j]))
-            if suffix[j] > room:
-                break
-            lowest = j
-        fixed_part = base + tail_cost + card_cost
-        if lowest > 0:
-            over = scenes[lowest - 1 :]  # the summaries that, with nothing else, already overflow
-            if room <= 0:
-                why = "head, tail and cards leave no room for summaries"
-            else:
-                why = f"summaries {_span(over)} alone take {suffix[lowest - 1]:,} of the {room:,} tokens left"
-            self.steps.append(f"level 0 (summaries {_span(scenes)}) cannot fit: {why}")
-        else:
-            total = fixed_part + suffix[0]
-            found = self.confirm(make(0, total), f"level 0: summaries {_span(scenes)}", total)
-            if found:
-                return found
-        first_level = max(1, lowest)
-        if first_level > 1:
-            skipped = "level 1" if first_level == 2 else f"levels 1–{first_level - 1}"
-            self.steps.append(f"{skipped} cannot fit: the summaries they keep alone exceed the room")
-        missing: list[int] = []  # levels skipped in a row, reported as one step
-        for level in range(first_level, m + 1):
-            scene = scenes[level - 1]
-            if not scene.history.strip():
-                missing.append(level)
-                continue
-            self.note_missing(missing, scenes)
-            history_cost = self.recap_price(Part("history", scene=scene))
-            total = fixed_part + history_cost + suffix[level]
-            kept = f", summaries {_span(scenes[level:])} kept" if level < m else ""
-            what = f"level {level}: summaries {_span(scenes[:level])} replaced by scene {scene.ref}'s history{kept}"
-            found = self.confirm(make(level, total), what, total)
-            if found:
-                return found
-        self.note_missing(missing, scenes)
-        return None
-
-    def note_missing(self, levels: list[int], scenes: Sequence[Scene]) -> None:
-        """One step for a run of levels that do not exist (their scenes have no history)."""
-        if not levels:
-            return
-        if len(levels) == 1:
-            self.steps.append(f"level {levels[0]}: scene {scenes[levels[0] - 1].ref} has no history — skipped")
-        else:
-            refs = _span([scenes[k - 1] for k in levels])
-            self.steps.append(f"levels {levels[0]}–{levels[-1]}: scenes {refs} have no history — skipped")
-        levels.clear()
-
-    def confirm(self, candidate: Assembly, what: str, estimate: int) -> Assembly | None:
+    def confirm(self, rung: _Rung, level: int | None, estimate: int) -> Assembly | None:
         """Test a candidate for fit: by its parts' prices, then by what would really be
         emitted. Prices are exact but for tokens that join across a boundary, so a candidate
         within a hair of the limit is rendered and counted before it is given up."""
+        scenes = _refs(rung.chain.scenes)
         if estimate > self.limit + near_miss(self.limit):
-            self.steps.append(f"{what} — {estimate:,} > {self.limit:,} tokens")
+            self.steps.append(Tried(rung.target, level, scenes, estimate, self.limit, rendered=False))
             return None
+        candidate = rung.candidate(self, level or 0, estimate)
         exact = self.pricer.exact(candidate)
-        self.note_size(exact)
+        if self.smallest is None or exact < self.smallest:
+            self.smallest = exact
+        self.steps.append(Tried(rung.target, level, scenes, exact, self.limit, rendered=True))
         if exact > self.limit:
-            self.steps.append(f"{what} — {exact:,} > {self.limit:,} tokens (rendered)")
             return None
-        self.steps.append(f"{what} — {exact:,} ≤ {self.limit:,} tokens")
         return replace(candidate, tokens=exact, costs=self.section_costs(candidate))
 
     def section_costs(self, a: Assembly) -> dict[str, int]:
@@ -489,66 +509,148 @@ class _Search:
         return {
             "fixed": self.pricer.fixed(),
             "head": sum(self.verbatim_costs(a.head, None)),
-            "recap": opening + sum(self.recap_price(p) for p in a.recap),
+            "recap": opening + sum(self.pricer.recap_part(p) for p in a.recap),
             "tail": sum(self.verbatim_costs(a.tail, self.tail_after(a.head, bool(a.recap)))),
         }
 
-    # ── Case 6: refusal ──────────────────────────────────────────────────────────────────
+    # ── Cases 1 and 2: everything verbatim ──
 
-    def refuse(self, opening: Sequence[Message], base: int, targets: list[int]) -> Assembly:
+    def fit_verbatim(self, rung: _Rung) -> Assembly | None:
+        """Case 1 (fewer messages than the verbatim threshold) and case 2 (at least that many,
+        but no scene summary to cover the middle with): every message verbatim."""
+        return self.confirm(rung, None, rung.fixed_cost)
+
+    # ── Case 3: summaries of the covered scenes ──
+
+    def fit_summaries(self, rung: _Rung, suffix: list[int], lowest: int, room: int) -> Assembly | None:
+        """Case 3: head, every covered scene's summary (its cards before it), tail — level 0.
+        `suffix[j]` prices summaries j+1..m; `lowest` is the first j whose suffix fits."""
+        scenes = rung.chain.scenes
+        if lowest > 0:
+            over = _refs(scenes[lowest - 1 :])  # the summaries that, with nothing else, already overflow
+            self.steps.append(SummariesOverflow(_refs(scenes), over, suffix[lowest - 1], room))
+            return None
+        return self.confirm(rung, 0, rung.fixed_cost + suffix[0])
+
+    # ── Case 4: the story so far ──
+
+    def fit_levels(self, rung: _Rung, suffix: list[int], lowest: int) -> Assembly | None:
+        """Case 4: level k puts scene k's history in place of summaries 1..k (the cards of
+        those scenes float before it), for k = 1.. in order; the first that fits wins. A
+        level whose scene has no history does not exist."""
+        scenes = rung.chain.scenes
+        first_level = max(1, lowest)
+        if first_level > 1:
+            self.steps.append(LevelsOverflow(1, first_level - 1))
+        missing: list[int] = []  # levels skipped in a row, reported as one step
+        for level in range(first_level, len(scenes) + 1):
+            scene = scenes[level - 1]
+            if not scene.history.strip():
+                missing.append(level)
+                continue
+            self.note_missing(missing, scenes)
+            history_cost = self.pricer.recap_part(Part("history", scene=scene))
+            found = self.confirm(rung, level, rung.fixed_cost + history_cost + suffix[level])
+            if found:
+                return found
+        self.note_missing(missing, scenes)
+        return None
+
+    def note_missing(self, levels: list[int], scenes: Sequence[Scene]) -> None:
+        """One step for a run of levels that do not exist (their scenes have no history)."""
+        if levels:
+            self.steps.append(NoHistory(tuple(levels), tuple(scenes[k - 1].ref for k in levels)))
+            levels.clear()
+
+    def fit_rung(self, target: int, chain: Chain, opening: tuple[Message, ...], base: int) -> Assembly | None:
+        """Cases 1–4 at one tail target: verbatim when nothing is covered, else level 0, then
+        the levels of this chain in order."""
+        ending = tail(self.story, self.shape, chain)
+        # Prices are within a hair of the rendered count: keep what is within `near_miss` of
+        # the limit in play, so `confirm` can count it exactly.
+        room = self.limit - base + near_miss(self.limit)
+        after = self.tail_after(opening, bool(chain.scenes))
+        tail_cost, whole = _capped_sum(self.verbatim_costs(ending, after, newest_first=True), room)
+        if not whole:
+            self.steps.append(TailOverflow(target, _ends(ending), self.limit))
+            return None
+        if not chain.scenes:
+            return self.fit_verbatim(_Rung(target, chain, opening, ending, base, tail_cost))
+        rung = _Rung(target, chain, opening, ending, base, tail_cost, self.recap_cost(chain.scenes, opening))
+        room -= tail_cost + rung.recap_cost
+        # suffix[j] = tokens of the summaries of scenes j+1..m (0-based j); counted from the
+        # newest back, and only as far as could ever fit.
+        scenes = chain.scenes
+        suffix = [0] * (len(scenes) + 1)
+        lowest = len(scenes)  # smallest j with suffix[j] ≤ room
+        for j in range(len(scenes) - 1, -1, -1):
+            suffix[j] = suffix[j + 1] + self.pricer.recap_part(Part("summary", scene=scenes[j]))
+            if suffix[j] > room:
+                break
+            lowest = j
+        return self.fit_summaries(rung, suffix, lowest, room) or self.fit_levels(rung, suffix, lowest)
+
+    # ── Case 5: a shorter tail ──
+
+    def ladder(self) -> Assembly:
+        """Case 5: the tail target drops by tail_step down to tail_floor, and cases 1–4 run
+        again at each rung until one fits; at the floor, case 6."""
+        opening = head(self.story, self.shape)
+        fixed = self.pricer.fixed()
+        head_cost = sum(self.verbatim_costs(opening, None))
+        self.steps.append(HeadPriced(_ends(opening), head_cost, fixed, self.limit))
+        base = fixed + head_cost
+        previous: tuple[Scene, ...] | None = None
+        targets = rungs(self.shape)
+        for target in targets:
+            chain = covered_chain(self.story, self.shape, target)
+            if previous is not None and chain.scenes == previous:
+                self.steps.append(SameChain(target, _refs(chain.scenes)))
+                continue
+            previous = chain.scenes
+            covered = (chain.scenes[0].start, chain.scenes[-1].end) if chain.scenes else ()
+            self.steps.append(ChainFound(target, _refs(chain.scenes), covered, chain.stop))
+            found = self.fit_rung(target, chain, opening, base)
+            if found is not None:
+                return replace(found, steps=tuple(self.steps))
+        return self.refuse(opening, base, targets[-1])
+
+    # ── Case 6: refusal ──
+
+    def refuse(self, opening: tuple[Message, ...], base: int, floor: int) -> Assembly:
         """Nothing fits at the floor: say the smallest size reached, the context that would
         fit it, and which scenes' missing summaries or histories stand in the way."""
         story, shape = self.story, self.shape
-        floor = targets[-1]
         chain = covered_chain(story, shape, floor)
         ending = tail(story, shape, chain)
         rest = base + sum(self.verbatim_costs(ending, self.tail_after(opening, bool(chain.scenes))))
         rest += self.recap_cost(chain.scenes, opening) if chain.scenes else 0
-        summaries = [self.recap_price(Part("summary", scene=s)) for s in chain.scenes]
+        summaries = [self.pricer.recap_part(Part("summary", scene=s)) for s in chain.scenes]
         sizes = {0: rest + sum(summaries)}
         for level, scene in enumerate(chain.scenes, start=1):
             if scene.history.strip():
-                sizes[level] = rest + self.recap_price(Part("history", scene=scene)) + sum(summaries[level:])
+                sizes[level] = rest + self.pricer.recap_part(Part("history", scene=scene)) + sum(summaries[level:])
         # The parts' sum is an upper bound; the smallest size reached is what the smallest
         # candidate really renders to (one render, on this error path only).
         level = min(sizes, key=sizes.__getitem__)
-        candidate = Assembly(
-            case=6,
-            messages=len(story),
-            limit=self.limit,
-            reserve=self.reserve,
-            head=opening,
-            recap=recap_at_level(chain.scenes, level, self.cards),
-            tail=ending,
-            tail_target=floor,
-            level=level,
-        )
+        rung = _Rung(floor, chain, opening, ending, base, 0)
+        candidate = rung.candidate(self, level, 0)
         exact = self.pricer.exact(candidate)
         if exact <= self.limit:  # the parts' sum was conservative; the prompt itself fits
-            self.steps.append(
-                f"tail target {floor}, level {level}: its parts add up to {sizes[level]:,}, "
-                f"but the rendered prompt is {exact:,} ≤ {self.limit:,} tokens"
-            )
-            case = 5 if len(targets) > 1 else (4 if level else 3 if chain.scenes else 2)
-            return replace(
-                candidate, case=case, tokens=exact, steps=tuple(self.steps), costs=self.section_costs(candidate)
-            )
-        self.note_size(exact)
-        smallest = self.smallest if self.smallest is not None else exact
+            self.steps.append(FitsRendered(floor, level, sizes[level], exact, self.limit))
+            return replace(candidate, tokens=exact, steps=tuple(self.steps), costs=self.section_costs(candidate))
+        smallest = min(exact, self.smallest) if self.smallest is not None else exact
         boundary = len(story) - floor
+        covered_to = chain.scenes[-1].end if chain.scenes else shape.head
         no_summary = tuple(
-            s.ref
-            for s in story.scenes
-            if s.start > (chain.scenes[-1].end if chain.scenes else shape.head)
-            and s.end < boundary
-            and not s.summary.strip()
+            s.ref for s in story.scenes if s.start > covered_to and s.end < boundary and not s.summary.strip()
         )
         no_history = tuple(s.ref for s in chain.scenes if not s.history.strip())
-        stop = chain.stop if chain.blocked else ""
-        refusal = Refusal(smallest, self.limit, self.reserve, no_summary, no_history, stop)
-        self.steps.append("case 6: " + refusal.explain())
+        refusal = Refusal(
+            smallest, self.limit, self.reserve, no_summary, no_history, chain.stop if chain.blocked else None
+        )
+        self.steps.append(Refused(refusal))
         return Assembly(
-            case=6,
             messages=len(story),
             limit=self.limit,
             reserve=self.reserve,
@@ -561,9 +663,29 @@ class _Search:
         )
 
 
+# ── Naming the case ──────────────────────────────────────────────────────────────────────
+
+
+def classify(assembly: Assembly, shape: Shape) -> int:
+    """The seed's case of a result — the only place a case number is decided.
+
+    6: refused. Nothing covered: 1 when the story holds fewer messages than the verbatim
+    threshold, else 2 (whatever the tail target, since a verbatim prompt does not depend on
+    it). Otherwise 5 when the tail target dropped below min_tail_messages, 4 when a history
+    stands in for summaries, else 3."""
+    if assembly.refusal is not None:
+        return 6
+    if not assembly.recap:
+        return 1 if assembly.messages < shape.threshold else 2
+    if assembly.tail_target < shape.min_tail:
+        return 5
+    return 4 if assembly.level else 3
+
+
 def assemble(story: Story, shape: Shape, limit: int, pricer: Pricer, *, reserve: int = 0) -> Assembly:
     """Build the plan of the prompt for `story` within `limit` tokens (cases 1–6).
 
     Case 6 does not raise: the returned Assembly has `case == 6` and a `refusal`.
     """
-    return _Search(story, shape, limit, reserve, pricer).run()
+    found = _Search(story, shape, limit, reserve, pricer).ladder()
+    return replace(found, case=classify(found, shape))

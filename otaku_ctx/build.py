@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .assembler import Assembly, Refusal, Shape, assemble
+from .assembler import Assembly, Shape, assemble
 from .cards import add_cards, read_card
 from .config import Settings, otaku_home
 from .errors import ConfigError
@@ -46,14 +46,6 @@ class Built:
     budget: Budget
     tokenizer: str
     prompt: str | None
-
-
-def refusal_message(refusal: Refusal, budget: Budget) -> str:
-    """The refusal with the setting that would help: max_context when it is what caps the
-    context, else the model's window."""
-    capped = 0 < budget.max_context < budget.window
-    what = f"max_context (now {budget.max_context:,})" if capped else f"--window (now {budget.window:,})"
-    return refusal.explain(what)
 
 
 def shape_of(settings: Settings) -> Shape:

@@ -11,14 +11,14 @@ from typing import Annotated, Any
 import typer
 
 from . import __version__
-from .build import Built, build, open_story, refusal_message
+from .build import Built, build, open_story
 from .config import SCHEMA, Settings, default_config_path, default_toml, load_settings
 from .convert import to_native_text
 from .errors import ConfigError, ContextOverflow, OtakuError
 from .files import write_atomic
 from .prompt import EMITS
 from .readers import READERS, check_story
-from .report import facts
+from .report import facts, refusal_message
 
 app = typer.Typer(
     add_completion=False,

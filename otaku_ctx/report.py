@@ -1,15 +1,181 @@
-"""The facts of an assembly as plain data: what `ctx inspect --json` prints and the Rich view draws."""
+"""The facts of an assembly in words and as plain data: the sentences of `inspect --explain`,
+the refusal message, and what `ctx inspect --json` prints.
+
+The assembler records what it decided as `Step` facts; every sentence about them is
+written here, so the search stays free of prose and a view can say it differently.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
-from .assembler import Assembly
-from .build import Built, refusal_message
+from .assembler import (
+    Assembly,
+    ChainFound,
+    ChainStop,
+    FitsRendered,
+    HeadPriced,
+    LevelsOverflow,
+    NoHistory,
+    Refusal,
+    Refused,
+    SameChain,
+    SceneRef,
+    Step,
+    SummariesOverflow,
+    TailOverflow,
+    Tried,
+)
+from .build import Budget, Built
+from .model import Message
+
+# ── Sentences ────────────────────────────────────────────────────────────────────────────
 
 
-def _range(messages) -> dict[str, int] | None:  # noqa: ANN001 - a tuple of Message
+def span(refs: Sequence[SceneRef]) -> str:
+    """A run of scenes: "3", "1–4", or "none"."""
+    if not refs:
+        return "none"
+    return f"{refs[0]}" if refs[0] == refs[-1] else f"{refs[0]}–{refs[-1]}"
+
+
+def numbers(ends: Sequence[int]) -> str:
+    """Message numbers (first, last): "65–220", "7", or "none"."""
+    if not ends:
+        return "none"
+    return f"{ends[0]:,}" if ends[0] == ends[-1] else f"{ends[0]:,}–{ends[-1]:,}"
+
+
+def stop_reason(stop: ChainStop) -> str:
+    """Why the summaries stop where they do."""
+    match stop.kind:
+        case "head_full":
+            return f"the head holds all {stop.messages:,} messages"
+        case "no_start":
+            return f"no scene holds message {stop.first:,} (the first after the head)"
+        case "gap":
+            return f"messages {stop.first:,}–{stop.last:,} belong to no scene"
+        case "reaches_tail":
+            return (
+                f"scene {stop.scene} ends at message {stop.last:,}, "
+                f"not before message {stop.boundary:,} ({stop.messages:,} − {stop.target})"
+            )
+        case "no_summary":
+            return f"scene {stop.scene} has no summary"
+        case _:
+            return "no more scenes"
+
+
+def _tried(step: Tried) -> str:
+    scenes = step.scenes
+    if step.level is None:
+        what = "everything verbatim"
+    elif step.level == 0:
+        what = f"level 0: summaries {span(scenes)}"
+    else:
+        kept = f", summaries {span(scenes[step.level :])} kept" if step.level < len(scenes) else ""
+        replaced = span(scenes[: step.level])
+        what = f"level {step.level}: summaries {replaced} replaced by scene {scenes[step.level - 1]}'s history{kept}"
+    if step.fits:
+        return f"{what} — {step.tokens:,} ≤ {step.limit:,} tokens"
+    return f"{what} — {step.tokens:,} > {step.limit:,} tokens" + (" (rendered)" if step.rendered else "")
+
+
+def describe(step: Step) -> str:
+    """One step of the search as a sentence."""
+    match step:
+        case HeadPriced():
+            return (
+                f"head: messages {numbers(step.messages)} verbatim ({step.tokens:,} tokens); "
+                f"system and framing {step.fixed:,} tokens; limit {step.limit:,}"
+            )
+        case ChainFound(target=target, scenes=()):
+            return f"tail target {target}: no scene is covered ({stop_reason(step.stop)}); every message is verbatim"
+        case ChainFound():
+            return (
+                f"tail target {step.target}: summaries cover scenes {span(step.scenes)} "
+                f"(messages {numbers(step.messages)}); the chain stops: {stop_reason(step.stop)}"
+            )
+        case SameChain():
+            same = span(step.scenes)
+            return f"tail target {step.target}: covers the same scenes as before ({same}) — nothing new to try"
+        case TailOverflow():
+            return (
+                f"tail target {step.target}: head and tail (messages {numbers(step.tail)}) "
+                f"alone exceed {step.limit:,} tokens"
+            )
+        case Tried():
+            return _tried(step)
+        case SummariesOverflow():
+            if step.room <= 0:
+                why = "head, tail and cards leave no room for summaries"
+            else:
+                why = f"summaries {span(step.over)} alone take {step.tokens:,} of the {step.room:,} tokens left"
+            return f"level 0 (summaries {span(step.scenes)}) cannot fit: {why}"
+        case LevelsOverflow():
+            levels = "level 1" if step.last == 1 else f"levels {step.first}–{step.last}"
+            return f"{levels} cannot fit: the summaries they keep alone exceed the room"
+        case NoHistory(levels=(level,), scenes=(scene,)):
+            return f"level {level}: scene {scene} has no history — skipped"
+        case NoHistory():
+            return f"levels {step.levels[0]}–{step.levels[-1]}: scenes {span(step.scenes)} have no history — skipped"
+        case FitsRendered():
+            return (
+                f"tail target {step.target}, level {step.level}: its parts add up to {step.priced:,}, "
+                f"but the rendered prompt is {step.tokens:,} ≤ {step.limit:,} tokens"
+            )
+        case Refused():
+            return "case 6: " + explain_refusal(step.refusal)
+    raise TypeError(f"not a step: {step!r}")
+
+
+def explain_refusal(refusal: Refusal, raise_what: str = "the context") -> str:
+    """What happened and what would help; `raise_what` names the setting to raise."""
+    if refusal.limit <= 0:
+        return (
+            f"nothing fits: the {refusal.reserve:,}-token reply reserve leaves no room in a context of "
+            f"{refusal.context:,} tokens; lower --reserve or raise {raise_what}."
+        )
+    text = (
+        f"nothing fits: the smallest prompt reached is {refusal.smallest:,} tokens, but the limit is "
+        f"{refusal.limit:,} ({refusal.context:,} minus a {refusal.reserve:,}-token reply reserve). "
+        f"A context of at least {refusal.needed_context:,} tokens would fit it: raise {raise_what}"
+    )
+    missing = []
+    if refusal.missing_summaries:
+        missing.append("scenes without a summary: " + ", ".join(map(str, refusal.missing_summaries)))
+    if refusal.missing_histories:
+        missing.append("scenes without a history: " + ", ".join(map(str, refusal.missing_histories)))
+    if missing:
+        text += "; or fill in what stands in the way (" + "; ".join(missing) + ")"
+    elif refusal.chain_stop:
+        text += f" (the summaries stop early: {stop_reason(refusal.chain_stop)})"
+    return text + "."
+
+
+def refusal_message(refusal: Refusal, budget: Budget) -> str:
+    """The refusal with the setting that would help: max_context when it is what caps the
+    context, else the model's window."""
+    capped = 0 < budget.max_context < budget.window
+    what = f"max_context (now {budget.max_context:,})" if capped else f"--window (now {budget.window:,})"
+    return explain_refusal(refusal, what)
+
+
+# ── Facts as data ────────────────────────────────────────────────────────────────────────
+
+
+def _range(messages: Sequence[Message]) -> dict[str, int] | None:
     return {"first": messages[0].number, "last": messages[-1].number} if messages else None
+
+
+def _trace(step: Step) -> dict[str, Any]:
+    """A step as JSON-ready data, named by its kind."""
+    data = asdict(step)
+    if isinstance(step, Tried):
+        data["fits"] = step.fits
+    return {"step": type(step).__name__, **data}
 
 
 def facts(built: Built, story_hidden: int = 0) -> dict[str, Any]:
@@ -36,7 +202,8 @@ def facts(built: Built, story_hidden: int = 0) -> dict[str, Any]:
         "tail_target": a.tail_target,
         "level": a.level,
         "sections": a.costs,
-        "steps": list(a.steps),
+        "steps": [describe(step) for step in a.steps],
+        "trace": [_trace(step) for step in a.steps],
     }
     if a.refusal:
         r = a.refusal
