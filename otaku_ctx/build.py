@@ -6,16 +6,17 @@ No Typer, no Rich, no printing: the CLI shows what this returns.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from .assembler import Assembly, Shape, assemble
 from .cards import add_cards, read_card
 from .config import Settings, otaku_home
-from .errors import ConfigError
+from .errors import ConfigError, UsageError
 from .model import Story
-from .prompt import EMITS, Names, PromptRenderer, PromptSettings, TemplatePricer, Variables, find_format, load_template
+from .prompt import EMITS, Names, PromptRenderer, TemplatePricer, Variables, find_format, load_template
 from .readers import read_story
 from .tokens import TokenCounter, make_counter
 
@@ -49,36 +50,31 @@ class Built:
 
 
 def shape_of(settings: Settings) -> Shape:
-    c = settings.values["context"]
-    return Shape(
-        head=c["head_messages"],
-        min_tail=c["min_tail_messages"],
-        tail_step=c["tail_step"],
-        tail_floor=c["tail_floor"],
-    )
+    c = settings.context
+    return Shape(head=c.head_messages, min_tail=c.min_tail_messages, tail_step=c.tail_step, tail_floor=c.tail_floor)
 
 
 def reply_reserve(story: Story, settings: Settings, count: TokenCounter) -> tuple[int, str]:
     """The reply reserve: a number from the settings, or "auto" — the longest of the last few
     assistant replies × the factor (1.2), or the default (1024) before any reply exists."""
-    c = settings.values["context"]
-    if c["reply_reserve"] != "auto":
-        return c["reply_reserve"], "set"
+    c = settings.context
+    if c.reply_reserve != "auto":
+        return c.reply_reserve, "set"
     replies = []
     for message in reversed(story.messages):
-        if len(replies) == c["reserve_replies"]:
+        if len(replies) == c.reserve_replies:
             break
         if message.role == "assistant" and not message.is_card:
             replies.append(message.content)
     if not replies:
-        return c["reserve_default"], "auto: no assistant reply yet"
-    reserve = math.ceil(max(count(text) for text in replies) * c["reserve_factor"])
-    return reserve, f"auto: longest of the last {len(replies)} replies × {c['reserve_factor']:g}"
+        return c.reserve_default, "auto: no assistant reply yet"
+    reserve = math.ceil(max(count(text) for text in replies) * c.reserve_factor)
+    return reserve, f"auto: longest of the last {len(replies)} replies × {c.reserve_factor:g}"
 
 
 def budget_of(story: Story, settings: Settings, count: TokenCounter) -> Budget:
     reserve, why = reply_reserve(story, settings, count)
-    return Budget(settings["model.window"], settings["context.max_context"], reserve, why)
+    return Budget(settings.model.window, settings.context.max_context, reserve, why)
 
 
 def open_story(path: Path, source_format: str | None = None, cards: Sequence[Path] = ()) -> Story:
@@ -92,31 +88,33 @@ def open_story(path: Path, source_format: str | None = None, cards: Sequence[Pat
 def renderer_for(story: Story, settings: Settings, *, emit: str = "text", reserve: int = 0) -> PromptRenderer:
     """The configured template, format and emit form, ready to render this story."""
     if emit not in EMITS:
-        raise ConfigError("--emit", None, f"unknown emit form {emit!r}; expected one of {', '.join(EMITS)}")
-    p = settings.values["prompt"]
+        raise UsageError("--emit", None, f"unknown emit form {emit!r}; expected one of {', '.join(EMITS)}")
+    p = settings.prompt
     home = otaku_home()
-    # --user names the persona outright; the config's `user` only fills in when the story
-    # does not say who the user is.
-    flagged = settings.sources["prompt.user"] == "--user"
-    names = Names.of(story, p["user"] if flagged else None)
-    if not names.user and p["user"]:
-        names = replace(names, user=p["user"])
-    variables = Variables(
-        story,
-        names,
-        PromptSettings(
-            post_history_depth=p["post_history_depth"],
-            instructions=p["instructions"],
-            post_history_instructions=p["post_history_instructions"],
-            card_template=p["card_template"],
-        ),
-    )
-    return PromptRenderer(variables, load_template(p["template"], home), find_format(p["format"], home), emit, reserve)
+    names = Names.of(story, p.user or None)
+    variables = Variables(story, names, p)
+    with _usage_if_unknown(settings, "prompt.template", p.template):
+        template = load_template(p.template, home)
+    with _usage_if_unknown(settings, "prompt.format", p.format):
+        format = find_format(p.format, home)
+    return PromptRenderer(variables, template, format, emit, reserve)
+
+
+@contextmanager
+def _usage_if_unknown(settings: Settings, key: str, name: str) -> Iterator[None]:
+    """A template or format that names nothing, given on the command line, is a usage error
+    (exit 2); a file that is there but wrong stays bad input (exit 1)."""
+    try:
+        yield
+    except ConfigError as exc:
+        if key in settings.given and not Path(name).expanduser().exists():
+            raise UsageError(exc.source, exc.key, exc.message) from None
+        raise
 
 
 def build(story: Story, settings: Settings, *, emit: str = "text") -> Built:
     """Assemble the story for the configured window and render the prompt (cases 1–6)."""
-    count = make_counter(settings["model.tokenizer"])
+    count = make_counter(settings.model.tokenizer)
     budget = budget_of(story, settings, count)
     renderer = renderer_for(story, settings, emit=emit, reserve=budget.reserve)
     pricer = TemplatePricer(renderer, count)

@@ -1,295 +1,550 @@
-"""`ctx`: parse arguments, make one core call, show the result. Errors are translated once, in `main`."""
+"""`ctx`: parse arguments, make one core call, show the result.
+
+Errors are translated once, in `main`, into one line on stderr and an `ExitStatus`. What a
+command reads and writes (stdin, stdout, stderr, whether each is a terminal) comes from one
+`Terminal`, which tests replace. The core is imported inside the commands, so `ctx --help`
+and `ctx --version` do not pay for the tokenizer and the template engine.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum, StrEnum
+from io import TextIOWrapper
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any, BinaryIO, TypeVar
 
 import typer
+import typer.main
+from typer.core import TyperArgument
 
 from . import __version__
-from .build import Built, build, open_story
-from .config import SCHEMA, Settings, default_config_path, default_toml, load_settings
-from .convert import to_native_text
-from .errors import ConfigError, ContextOverflow, OtakuError
-from .files import write_atomic
-from .prompt import EMITS
-from .readers import READERS, check_story
-from .report import facts, refusal_message
+
+
+class _Argument(TyperArgument):
+    """Arguments shown the usual Unix way: `ctx build [OPTIONS] STORY`, not `{story}` (Typer's
+    own style since 0.2x)."""
+
+    def _usage_display_name(self) -> str:
+        return self.display_name_raw.upper()
+
+    def _rich_display_name(self) -> str:
+        return self.display_name_raw.upper()
+
+    def display_type_rich(self, ctx: Any) -> str:
+        return ""
+
+
+typer.main.TyperArgument = _Argument  # type: ignore[misc]  # the class Typer builds arguments with
+
+
+class ExitStatus(IntEnum):
+    """What `ctx` exits with (README: "Exit codes")."""
+
+    OK = 0
+    ERROR = 1  # bad input, a bad config file, an I/O error
+    USAGE = 2  # a bad flag or flag value
+    REFUSED = 3  # case 6: nothing fits
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+    BROKEN_PIPE = 141  # the reader of stdout went away (128 + SIGPIPE), as a tool killed by SIGPIPE reports
+
+
+@dataclass
+class Terminal:
+    """The process's streams and whether a person is watching them."""
+
+    stdin: BinaryIO
+    stdout: BinaryIO | None  # None when the process was started with stdout closed
+    stderr: IO[str] | None
+    stdout_tty: bool = False
+    stderr_tty: bool = False
+    color: bool = False
+    width: int = 100
+    environ: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of_process(cls) -> Terminal:
+        def tty(stream: IO[Any] | None) -> bool:
+            try:
+                return bool(stream and stream.isatty())
+            except (ValueError, OSError):
+                return False
+
+        stderr_tty = tty(sys.stderr)
+        return cls(
+            stdin=sys.stdin.buffer if sys.stdin else open(os.devnull, "rb"),  # noqa: SIM115 - lives as long as the process
+            stdout=sys.stdout.buffer if sys.stdout else None,
+            stderr=sys.stderr,
+            stdout_tty=tty(sys.stdout),
+            stderr_tty=stderr_tty,
+            color=stderr_tty and "NO_COLOR" not in os.environ,
+            environ=dict(os.environ),
+        )
+
+    def say(self, line: str) -> None:
+        """One line for a person, on stderr (dropped when stderr is closed)."""
+        if self.stderr is None:
+            return
+        try:
+            self.stderr.write(line + "\n")
+            self.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+
+_terminal: ContextVar[Terminal] = ContextVar("terminal")
+
+
+def terminal() -> Terminal:
+    return _terminal.get()
+
+
+# ── Options ──────────────────────────────────────────────────────────────────────────────
+
+
+class Emit(StrEnum):
+    text = "text"
+    messages = "messages"
+    openai_chat = "openai-chat"
+    openai_completion = "openai-completion"
+
+
+class SourceFormat(StrEnum):
+    native = "native"
+    openai = "openai"
+    sillytavern = "sillytavern"
+    otaku = "otaku"
+
+
+class TokenizerName(StrEnum):
+    cl100k_base = "cl100k_base"
+    estimate = "estimate"
+
+
+StoryArg = Annotated[Path, typer.Argument(help="The story file, or - to read it from stdin.", show_default=False)]
+ConfigPath = Annotated[
+    Path | None,
+    typer.Option("--config", metavar="FILE", help="Read this config file instead of ~/.otaku/configs/config.toml."),
+]
+From = Annotated[
+    SourceFormat | None, typer.Option("--from", help="Read the story as this format (default: by its content).")
+]
+Cards = Annotated[
+    list[Path] | None, typer.Option("--card", metavar="FILE", help="Add a character card (JSON or PNG); repeatable.")
+]
+Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks.")]
+Force = Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the same facts as JSON.")]
+
+# The options that shape a prompt, shared by every command that builds one: the parameter
+# name, its type, and the setting it overrides (None: not a setting).
+PROMPT_OPTIONS: list[tuple[str, Any, str | None]] = [
+    ("emit", Annotated[Emit, typer.Option("--emit", help="What to print.")], None),
+    ("source_format", From, None),
+    ("card", Cards, None),
+    (
+        "template",
+        Annotated[str | None, typer.Option(metavar="NAME|FILE", help="Context template: a name or a .hbs file.")],
+        "prompt.template",
+    ),  # noqa: E501
+    (
+        "format",
+        Annotated[
+            str | None,
+            typer.Option(metavar="NAME|FILE", help="Prompt format: a name, a .toml, or a SillyTavern preset .json."),
+        ],
+        "prompt.format",
+    ),  # noqa: E501
+    (
+        "user",
+        Annotated[str | None, typer.Option(metavar="NAME", help="The user's persona name ({{user}}).")],
+        "prompt.user",
+    ),  # noqa: E501
+    ("config", ConfigPath, None),
+    (
+        "window",
+        Annotated[int | None, typer.Option(metavar="TOKENS", help="The model's window in tokens.")],
+        "model.window",
+    ),  # noqa: E501
+    (
+        "max_context",
+        Annotated[int | None, typer.Option(metavar="TOKENS", help="Use at most this many tokens (0 = the window).")],
+        "context.max_context",
+    ),  # noqa: E501
+    (
+        "head",
+        Annotated[int | None, typer.Option(metavar="N", help="Opening messages kept verbatim.")],
+        "context.head_messages",
+    ),  # noqa: E501
+    (
+        "tail",
+        Annotated[int | None, typer.Option(metavar="N", help="At least this many recent messages kept verbatim.")],
+        "context.min_tail_messages",
+    ),  # noqa: E501
+    (
+        "reserve",
+        Annotated[str | None, typer.Option(metavar="TOKENS|auto", help='Tokens kept free for the reply, or "auto".')],
+        "context.reply_reserve",
+    ),  # noqa: E501
+    (
+        "tokenizer",
+        Annotated[TokenizerName | None, typer.Option(help="cl100k_base (exact) or estimate (len/4).")],
+        "model.tokenizer",
+    ),  # noqa: E501
+    ("debug", Debug, None),
+]
+_DEFAULTS: dict[str, Any] = {"emit": Emit.text, "debug": False}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a command that builds a prompt was asked: the story and the settings to build it with."""
+
+    story: Path
+    source_format: str | None
+    cards: tuple[Path, ...]
+    emit: str
+    config: Path | None
+    overrides: dict[str, tuple[Any, str]]
+
+    def settings(self) -> Any:
+        return settings_from(self.config, self.overrides)
+
+    def inputs(self) -> list[Path]:
+        """Every file this command reads: what an output must never replace."""
+        return [self.story, *self.cards, *([self.config] if self.config else [])]
+
+    def run(self) -> tuple[Any, int]:
+        """Read the story and build it: (the `Built` result, the number of hidden messages)."""
+        from .build import build, open_story
+        from .files import as_regular_file
+
+        settings = self.settings()
+        with as_regular_file(self.story, terminal().stdin) as path:
+            story = open_story(path, self.source_format, self.cards)
+        return build(story, settings, emit=self.emit), story.hidden
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def prompt_options(command: F) -> F:
+    """Give a command the options that choose the story and shape its prompt (one list for
+    `build` and `inspect`, the way sqlite-utils shares its output options); the command
+    receives them as one `Request` argument named `request`."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "request"]
+    shared = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=kind, default=_DEFAULTS.get(name))
+        for name, kind, _ in PROMPT_OPTIONS
+    ]
+
+    @functools.wraps(command)
+    def wrapper(**given: Any) -> Any:
+        options = {name: given.pop(name) for name, _, _ in PROMPT_OPTIONS}
+        overrides = {
+            dotted: (value.value if isinstance(value, Enum) else value, "--" + name.replace("_", "-"))
+            for name, _, dotted in PROMPT_OPTIONS
+            if dotted and (value := options[name]) is not None
+        }
+        source = options["source_format"]
+        request = Request(
+            story=given["story"],
+            source_format=source.value if source else None,
+            cards=tuple(options["card"] or ()),
+            emit=options["emit"].value,
+            config=options["config"].expanduser() if options["config"] else None,
+            overrides=overrides,
+        )
+        return command(request=request, **given)
+
+    wrapper.__signature__ = inspect.Signature([*own, *shared])  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in [*own, *shared]}
+    return wrapper  # type: ignore[return-value]
+
+
+def settings_from(config: Path | None, overrides: dict[str, tuple[Any, str]] | None = None) -> Any:
+    """The settings of `--config FILE` (which must exist) or of the default file (which may not)."""
+    from .config import load_settings
+
+    return load_settings(config.expanduser() if config else None, overrides, explicit=config is not None)
+
+
+# ── Commands ─────────────────────────────────────────────────────────────────────────────
 
 app = typer.Typer(
-    add_completion=False,
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
+    context_settings={"max_content_width": 80},
     help="Build the prompt for a long roleplay story that fits the model's window.",
 )
 config_app = typer.Typer(no_args_is_help=True, help="Write or show the settings.")
 app.add_typer(config_app, name="config")
 
-StoryArg = Annotated[Path, typer.Argument(help="The story file.", show_default=False, metavar="STORY")]
-ConfigPath = Annotated[
-    Path | None, typer.Option("--config", help="Read this config file instead of ~/.otaku/configs/config.toml.")
-]
-From = Annotated[
-    str | None, typer.Option("--from", help=f"Read the story as {'|'.join(READERS)} (default: by content).")
-]
-Cards = Annotated[
-    list[Path] | None, typer.Option("--card", metavar="FILE", help="Add a character card (JSON or PNG); repeatable.")
-]
-Window = Annotated[int | None, typer.Option("--window", help="The model's window in tokens.")]
-MaxContext = Annotated[int | None, typer.Option("--max-context", help="Use at most this many tokens (0 = the window).")]
-Head = Annotated[int | None, typer.Option("--head", help="Opening messages kept verbatim.")]
-Tail = Annotated[int | None, typer.Option("--tail", help="At least this many recent messages kept verbatim.")]
-Reserve = Annotated[str | None, typer.Option("--reserve", help='Tokens kept free for the reply, or "auto".')]
-Tokenizer = Annotated[str | None, typer.Option("--tokenizer", help="cl100k_base (exact) or estimate (len/4).")]
-Template = Annotated[str | None, typer.Option("--template", help="Context template: a name or a .hbs path.")]
-Format = Annotated[
-    str | None, typer.Option("--format", help="Prompt format: a name, a .toml, or a SillyTavern preset .json.")
-]
-User = Annotated[str | None, typer.Option("--user", help="The user's persona name ({{user}}).")]
-Emit = Annotated[str, typer.Option("--emit", help=f"What to print: {', '.join(EMITS)}.")]
-Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks.")]
 
-FLAGS = {
-    "window": ("--window", "model.window"),
-    "max_context": ("--max-context", "context.max_context"),
-    "head": ("--head", "context.head_messages"),
-    "tail": ("--tail", "context.min_tail_messages"),
-    "reserve": ("--reserve", "context.reply_reserve"),
-    "tokenizer": ("--tokenizer", "model.tokenizer"),
-    "template": ("--template", "prompt.template"),
-    "format": ("--format", "prompt.format"),
-    "user": ("--user", "prompt.user"),
-}
-
-
-@dataclass(frozen=True)
-class Request:
-    """What `build` and `inspect` share: where the story is, and the settings to build it with."""
-
-    story: Path
-    source_format: str | None
-    cards: list[Path]
-    settings: Settings
-
-    def run(self, emit: str) -> tuple[Built, int]:
-        story = open_story(self.story, self.source_format, self.cards)
-        return build(story, self.settings, emit=emit), story.hidden
-
-
-def settings_from(config: Path | None, overrides: dict[str, tuple[Any, str]] | None = None) -> Settings:
-    """The settings of `--config PATH` (which must exist) or of the default file (which may not)."""
-    return load_settings(config.expanduser() if config else None, overrides, explicit=config is not None)
-
-
-def checked_format(source_format: str | None) -> str | None:
-    if source_format is not None and source_format not in READERS:
-        raise typer.BadParameter(f"{source_format!r}; expected one of {', '.join(READERS)}", param_hint="--from")
-    return source_format
-
-
-def request(
-    story: Path, source_format: str | None, cards: list[Path] | None, config: Path | None, emit: str, **flags: Any
-) -> Request:
-    """The story and the file's settings with every given flag on top (flags win)."""
-    if emit not in EMITS:
-        raise typer.BadParameter(f"{emit!r}; expected one of {', '.join(EMITS)}", param_hint="--emit")
-    overrides = {dotted: (flags[name], flag) for name, (flag, dotted) in FLAGS.items() if flags.get(name) is not None}
-    settings = settings_from(config, overrides)
-    return Request(story, checked_format(source_format), list(cards or []), settings)
-
-
-@app.command("build")
+@app.command("build", short_help="Print the prompt for STORY.")
+@prompt_options
 def build_cmd(
+    request: Request,
     story: StoryArg,
     output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="Write the prompt to this file (atomically).")
+        Path | None,
+        typer.Option("-o", "--output", metavar="FILE", help="Write the prompt here (atomically), or - for stdout."),
     ] = None,
-    emit: Emit = "text",
-    source_format: From = None,
-    card: Cards = None,
-    template: Template = None,
-    format: Format = None,
-    user: User = None,
-    config: ConfigPath = None,
-    window: Window = None,
-    max_context: MaxContext = None,
-    head: Head = None,
-    tail: Tail = None,
-    reserve: Reserve = None,
-    tokenizer: Tokenizer = None,
-    debug: Debug = False,
 ) -> None:
     """Print the prompt for STORY on stdout (only the prompt; diagnostics go to stderr)."""
-    flags = dict(window=window, max_context=max_context, head=head, tail=tail, reserve=reserve, tokenizer=tokenizer)
-    req = request(story, source_format, card, config, emit, template=template, format=format, user=user, **flags)
-    built, _ = req.run(emit)
-    a = built.assembly
+    from .errors import ContextOverflow
+    from .files import write_output
+    from .report import refusal_message
+
+    built, _ = request.run()
+    a, io = built.assembly, terminal()
     if a.refusal:
         raise ContextOverflow(a, f"{story}: {refusal_message(a.refusal, built.budget)}")
-    assert built.prompt is not None
-    if output:
-        write_atomic(output, built.prompt)
+    if output is None:
+        # A person at a terminal gets the cursor back on a new line; a pipe gets the prompt exactly.
+        newline = "\n" if io.stdout_tty and not built.prompt.endswith("\n") else ""
+        write_stdout(built.prompt + newline)
     else:
-        newline = "\n" if sys.stdout.isatty() and not built.prompt.endswith("\n") else ""
-        sys.stdout.write(built.prompt + newline)
-        sys.stdout.flush()
-    if sys.stderr.isatty():
-        typer.echo(f"case {a.case} · {a.tokens:,} of {a.limit:,} tokens ({built.tokenizer})", err=True)
+        try:
+            write_output(output, built.prompt, request.inputs(), stdout_of(io))
+        except BrokenPipeError:  # -o - or -o /dev/stdout into a closed pipe
+            raise PipeClosed from None
+    if io.stderr_tty:
+        io.say(f"case {a.case} · {a.tokens:,} of {a.limit:,} tokens ({built.tokenizer})")
 
 
 @app.command("inspect")
+@prompt_options
 def inspect_cmd(
+    request: Request,
     story: StoryArg,
-    explain: Annotated[bool, typer.Option("--explain", help="Draw the case, sections, budget and every step.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the same facts as JSON.")] = False,
-    emit: Emit = "text",
-    source_format: From = None,
-    card: Cards = None,
-    template: Template = None,
-    format: Format = None,
-    user: User = None,
-    config: ConfigPath = None,
-    window: Window = None,
-    max_context: MaxContext = None,
-    head: Head = None,
-    tail: Tail = None,
-    reserve: Reserve = None,
-    tokenizer: Tokenizer = None,
-    debug: Debug = False,
+    explain: Annotated[bool, typer.Option("--explain", help="Also list every step of the search.")] = False,
+    as_json: AsJson = False,
 ) -> None:
-    """Show why the prompt for STORY looks the way it does (the explanation is the default)."""
-    flags = dict(window=window, max_context=max_context, head=head, tail=tail, reserve=reserve, tokenizer=tokenizer)
-    req = request(story, source_format, card, config, emit, template=template, format=format, user=user, **flags)
-    built, hidden = req.run(emit)
+    """Show which case STORY's prompt is, its sections and its budget."""
+    from .report import facts
+
+    built, hidden = request.run()
     data = facts(built, hidden)
     if as_json:
-        sys.stdout.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+        write_stdout(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
     else:
-        from .views import console
         from .views import explain as draw
 
-        console().print(draw(data))
+        show(draw(data, steps=explain))
     if built.assembly.refusal:
-        raise typer.Exit(3)
+        raise typer.Exit(ExitStatus.REFUSED)
 
 
-@app.command("validate")
-def validate_cmd(story: StoryArg, source_format: From = None, debug: Debug = False) -> None:
+@app.command("validate", short_help="Report every problem of STORY at once.")
+def validate_cmd(story: StoryArg, source_format: From = None, config: ConfigPath = None, debug: Debug = False) -> None:
     """Report every problem of STORY at once; exit 1 when any is an error."""
-    kind, problems = check_story(story, checked_format(source_format))
+    from .files import as_regular_file
+    from .readers import check_story
+
+    settings_from(config)  # a bad --config is reported like everywhere else
+    with as_regular_file(story, terminal().stdin) as path:
+        kind, problems = check_story(path, source_format.value if source_format else None)
+    shown = "<stdin>" if str(story) == "-" else str(story)
     for p in problems:
-        where = f"{story}:{p.line}" if p.line else str(story)
-        typer.echo(f"{where}: {p.severity}: {p.message}", err=True)
+        terminal().say(
+            f"{shown}:{p.line}: {p.severity}: {p.message}" if p.line else f"{shown}: {p.severity}: {p.message}"
+        )
     if any(p.severity == "error" for p in problems):
-        raise typer.Exit(1)
+        raise typer.Exit(ExitStatus.ERROR)
     warnings = f" ({len(problems)} warning{'s' * (len(problems) != 1)})" if problems else ""
-    typer.echo(f"{story}: ok, {kind}{warnings}", err=True)
+    terminal().say(f"{shown}: ok, {kind}{warnings}")
 
 
 @app.command("convert")
 def convert_cmd(
     story: StoryArg,
-    output: Annotated[Path, typer.Option("-o", "--output", help="The native JSONL file to write (atomically).")],
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="FILE", help="The native JSONL file to write.")],
     source_format: From = None,
     card: Cards = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    force: Force = False,
+    config: ConfigPath = None,
     debug: Debug = False,
 ) -> None:
-    """Write STORY (any readable format) as native JSONL."""
-    if output.exists() and not force:
+    """Write STORY (any readable format) as native JSONL, atomically."""
+    from .build import open_story
+    from .convert import to_native_text
+    from .errors import ConfigError
+    from .files import as_regular_file, write_output
+
+    settings_from(config)
+    cards = list(card or [])
+    if str(output) != "-" and output.exists() and not output.is_char_device() and not force:
         raise ConfigError(str(output), None, "already exists; pass --force to overwrite it")
-    if output.resolve() == story.resolve():
-        raise ConfigError(str(output), None, "is the story itself; a story file is never modified")
-    converted = open_story(story, source_format, card or [])
-    write_atomic(output, to_native_text(converted))
-    typer.echo(f"wrote {output}: {len(converted)} messages, {len(converted.scenes)} scenes", err=True)
+    with as_regular_file(story, terminal().stdin) as path:
+        converted = open_story(path, source_format.value if source_format else None, cards)
+    write_output(output, to_native_text(converted), [story, *cards], stdout_of(terminal()))
+    terminal().say(f"wrote {output}: {len(converted)} messages, {len(converted.scenes)} scenes")
 
 
 @config_app.command("init")
 def config_init(
-    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
-    config: ConfigPath = None,
+    force: Force = False,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", metavar="FILE", help="Write here instead of ~/.otaku/configs/config.toml."),
+    ] = None,
     debug: Debug = False,
 ) -> None:
-    """Write the default config file (~/.otaku/configs/config.toml, or --config PATH)."""
+    """Write the documented default config file."""
+    from .config import default_config_path, default_toml
+    from .errors import ConfigError
+    from .files import write_atomic
+
     path = config.expanduser() if config else default_config_path()
     if path.exists() and not force:
         raise ConfigError(str(path), None, "already exists; pass --force to overwrite it")
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, default_toml())
-    typer.echo(f"wrote {path}", err=True)
+    terminal().say(f"wrote {path}")
 
 
 @config_app.command("show")
-def config_show(
-    config: ConfigPath = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
-    debug: Debug = False,
-) -> None:
+def config_show(config: ConfigPath = None, as_json: AsJson = False, debug: Debug = False) -> None:
     """Print the effective settings and where each came from."""
-    settings = settings_from(config)
-    rows = [
-        (f"{section}.{key}", settings.values[section][key], settings.sources[f"{section}.{key}"])
-        for section, keys in SCHEMA.items()
-        for key in keys
-    ]
+    rows = list(settings_from(config).rows())
     if as_json:
         out = {name: {"value": value, "from": source} for name, value, source in rows}
-        sys.stdout.write(json.dumps(out, ensure_ascii=False, indent=2) + "\n")
+        write_stdout(json.dumps(out, ensure_ascii=False, indent=2) + "\n")
         return
-    from .views import console, settings_table
+    shown = [(name, json.dumps(value, ensure_ascii=False), source) for name, value, source in rows]
+    if terminal().stdout_tty:
+        from .views import settings_table
 
-    console().print(settings_table([(name, json.dumps(value, ensure_ascii=False), src) for name, value, src in rows]))
+        show(settings_table(shown))
+    else:  # a pipe gets every row whole, one per line, tab-separated
+        write_stdout("".join("\t".join(row) + "\n" for row in shown))
 
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"ctx {__version__}")
+        write_stdout(f"ctx {__version__}\n")
         raise typer.Exit()
 
 
 @app.callback()
 def _main(
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
     pass
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run `ctx`; every core error becomes one line on stderr and its exit code."""
+# ── Output and the one error boundary ────────────────────────────────────────────────────
+
+
+class StdoutClosed(Exception):
+    """The process was started with stdout closed (`>&-`): there is nowhere to print."""
+
+
+class PipeClosed(Exception):
+    """The reader of stdout went away (`| head`). Not an OSError, so that Typer's own handling
+    (which would exit 1, the code for bad input) lets it through to `main`."""
+
+
+def stdout_of(io: Terminal) -> BinaryIO:
+    if io.stdout is None:
+        raise StdoutClosed
+    return io.stdout
+
+
+def write_stdout(text: str) -> None:
+    """Data on stdout, as UTF-8 whatever the locale says: a prompt is UTF-8 text."""
+    out = stdout_of(terminal())
+    try:
+        out.write(text.encode("utf-8"))
+        out.flush()
+    except BrokenPipeError:
+        raise PipeClosed from None
+
+
+def show(renderable: Any) -> None:
+    """A Rich view for a person, on stdout (plain when stdout is a pipe or NO_COLOR is set)."""
+    from .views import console
+
+    io = terminal()
+    text = TextIOWrapper(stdout_of(io), encoding="utf-8", write_through=True)
+    try:
+        console(text, color=io.color and io.stdout_tty, width=None if io.stdout_tty else io.width).print(renderable)
+    except BrokenPipeError:
+        raise PipeClosed from None
+    finally:
+        text.detach()  # stdout stays open for whoever writes next
+
+
+def main(argv: list[str] | None = None, io: Terminal | None = None) -> int:
+    """Run `ctx`; every error becomes one line on stderr and its exit status."""
     argv = sys.argv[1:] if argv is None else argv
+    io = io or Terminal.of_process()
+    token = _terminal.set(io)
     debug = "--debug" in argv
     try:
+        return _run(argv, io, debug)
+    finally:
+        _terminal.reset(token)
+
+
+def _run(argv: list[str], io: Terminal, debug: bool) -> int:
+    from .errors import OtakuError
+
+    try:
         # Typer reports usage errors itself (exit 2) and ends with SystemExit.
-        app(args=argv, prog_name="ctx")
+        app(args=argv, prog_name="ctx", standalone_mode=True)
     except OtakuError as exc:
         if debug:
             raise
-        typer.echo(f"ctx: {exc}", err=True)
-        # A bad flag value is a usage error; a bad config file or story is bad input.
-        return 2 if isinstance(exc, ConfigError) and exc.source.startswith("--") else exc.exit_code
+        io.say(f"ctx: {exc}")
+        return exc.exit_code
     except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BrokenPipeError:
-        sys.stderr.close()  # the reader went away (e.g. `| head`): not an error of ours
-        return 0
+        return exc.code if isinstance(exc.code, int) else (ExitStatus.OK if exc.code is None else ExitStatus.ERROR)
+    except (BrokenPipeError, PipeClosed):
+        _silence_stdout()
+        return ExitStatus.BROKEN_PIPE
+    except StdoutClosed:
+        io.say("ctx: stdout is closed, so there is nowhere to print; write to a file with -o FILE")
+        return ExitStatus.ERROR
+    except UnicodeEncodeError as exc:  # text that is not Unicode (a lone surrogate) slipped through
+        if debug:
+            raise
+        io.say(f"ctx: the output holds text that cannot be written as UTF-8 ({exc.reason}); check the story's text")
+        return ExitStatus.ERROR
     except OSError as exc:  # writing -o into a missing folder, a full disk, ...
         if debug:
             raise
         where = f"{exc.filename}: " if exc.filename else ""
-        typer.echo(f"ctx: {where}{exc.strerror or exc}", err=True)
-        return 1
+        io.say(f"ctx: {where}{exc.strerror or exc}")
+        return ExitStatus.ERROR
     except KeyboardInterrupt:
-        return 130
-    return 0
+        return ExitStatus.INTERRUPTED
+    return ExitStatus.OK
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so the interpreter's final flush is quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def entry() -> None:  # console script
-    sys.exit(main())
+    argv = sys.argv[1:]
+    if argv == ["--version"]:  # the one answer that needs nothing but the version
+        sys.stdout.write(f"ctx {__version__}\n")
+        sys.exit(ExitStatus.OK)
+    sys.exit(main(argv))

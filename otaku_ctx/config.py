@@ -1,20 +1,25 @@
-"""Config in one place: find the file, load it, validate it, layer flags on top.
+"""Config in one place: find the file, load it, validate it, layer the command line on top.
 
 `~/.otaku/configs/config.toml` (`OTAKU_HOME` replaces `~/.otaku`; `--config PATH` names
-another file). A missing file means the built-in defaults. Each effective value remembers
-where it came from, so `ctx config show` can say.
+another file). A missing file means the built-in defaults. Each section is a frozen
+dataclass whose fields are the TOML keys: their defaults, types and help are the schema
+that validation, `ctx config init` and `ctx config show` are all derived from. Each
+effective value remembers where it came from, so `ctx config show` can say.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import tomllib
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from .errors import ConfigError
+from .errors import ConfigError, UsageError
 from .tokens import TOKENIZERS
 
 DEFAULT_CARD_TEMPLATE = (
@@ -24,45 +29,66 @@ DEFAULT_CARD_TEMPLATE = (
     "{{#if scenario}}Scenario: {{scenario}}\n{{/if}}"
     "{{#if exampleDialogue}}Example dialogue:\n{{exampleDialogue}}\n{{/if}}"
 )
+# No window, tail or head is anywhere near this; a bigger number is a typo, and bounding it
+# keeps every loop over rungs and messages bounded.
+MOST = 1_000_000_000
+Kind = Literal["count", "factor", "reserve", "tokenizer", "text"]
+
+
+def setting(default: Any, help: str, kind: Kind, *, least: int = 0) -> Any:
+    """A settings field: its default, what it accepts (`kind`, at least `least`) and what it means."""
+    return field(default=default, metadata={"help": help, "kind": kind, "least": least})
 
 
 @dataclass(frozen=True)
-class Key:
-    """One setting: its default, what it accepts, and what it means."""
+class ContextSettings:
+    """`[context]`: the numbers of the seed that shape the prompt, and the reply reserve."""
 
-    default: Any
-    kind: str  # "int", "float", "str", "reserve", "tokenizer"
-    help: str
+    head_messages: int = setting(20, "opening messages kept verbatim", "count")
+    min_tail_messages: int = setting(150, "at least this many recent messages kept verbatim", "count")
+    max_context: int = setting(0, "the prompt may use at most this many tokens; 0 = the model's window", "count")
+    tail_step: int = setting(50, "case 5: the tail target drops by this many messages per rung", "count", least=1)
+    tail_floor: int = setting(50, "case 5: the tail target never drops below this", "count")
+    reply_reserve: int | Literal["auto"] = setting("auto", 'tokens kept free for the reply, or "auto"', "reserve")
+    reserve_replies: int = setting(5, "auto reserve: look at this many of the last assistant replies", "count")
+    reserve_factor: float = setting(1.2, "auto reserve: the longest of them times this", "factor")
+    reserve_default: int = setting(1024, "auto reserve before any assistant reply exists", "count")
 
 
-SCHEMA: dict[str, dict[str, Key]] = {
-    "context": {
-        "head_messages": Key(20, "int", "opening messages kept verbatim"),
-        "min_tail_messages": Key(150, "int", "at least this many recent messages kept verbatim"),
-        "max_context": Key(0, "int", "the prompt may use at most this many tokens; 0 = the model's window"),
-        "tail_step": Key(50, "int", "case 5: the tail target drops by this many messages per rung"),
-        "tail_floor": Key(50, "int", "case 5: the tail target never drops below this"),
-        "reply_reserve": Key("auto", "reserve", 'tokens kept free for the reply, or "auto"'),
-        "reserve_replies": Key(5, "int", "auto reserve: look at this many of the last assistant replies"),
-        "reserve_factor": Key(1.2, "float", "auto reserve: the longest of them times this"),
-        "reserve_default": Key(1024, "int", "auto reserve before any assistant reply exists"),
-    },
-    "prompt": {
-        "template": Key("default", "str", "context template: default, serene, sillytavern, or a .hbs path"),
-        "format": Key(
-            "chat", "str", "prompt format: chat, chatml, llama3, mistral, alpaca, vicuna, gemma, raw, or a path"
-        ),
-        "post_history_depth": Key(0, "int", "post-history reminder: 0 = just before the reply, N = N messages earlier"),
-        "instructions": Key("", "str", "instructions for {{instructions}} when the story has none"),
-        "post_history_instructions": Key("", "str", "the reminder's instructions (postHistory.instructions)"),
-        "card_template": Key(DEFAULT_CARD_TEMPLATE, "str", "how a card message reads (Handlebars)"),
-        "user": Key("", "str", "the user's persona name when the story does not say"),
-    },
-    "model": {
-        "window": Key(8192, "int", "the model's context window in tokens"),
-        "tokenizer": Key("cl100k_base", "tokenizer", 'token counter: "cl100k_base" (exact) or "estimate" (len/4)'),
-    },
+@dataclass(frozen=True)
+class PromptSettings:
+    """`[prompt]`: how the prompt is rendered."""
+
+    template: str = setting("default", "context template: default, serene, sillytavern, or a .hbs path", "text")
+    format: str = setting(
+        "chat", "prompt format: chat, chatml, llama3, mistral, alpaca, vicuna, gemma, raw, or a path", "text"
+    )
+    post_history_depth: int = setting(
+        0, "post-history reminder: 0 = just before the reply, N = N messages earlier", "count"
+    )
+    instructions: str = setting("", "instructions for {{instructions}} when the story has none", "text")
+    post_history_instructions: str = setting("", "the reminder's instructions (postHistory.instructions)", "text")
+    card_template: str = setting(DEFAULT_CARD_TEMPLATE, "how a card message reads (Handlebars)", "text")
+    user: str = setting("", "the user's persona name when the story does not say", "text")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """`[model]`: the model the prompt is for."""
+
+    window: int = setting(8192, "the model's context window in tokens", "count", least=1)
+    tokenizer: str = setting("cl100k_base", 'token counter: "cl100k_base" (exact) or "estimate" (len/4)', "tokenizer")
+
+
+SECTIONS: dict[str, type[ContextSettings] | type[PromptSettings] | type[ModelSettings]] = {
+    "context": ContextSettings,
+    "prompt": PromptSettings,
+    "model": ModelSettings,
 }
+
+
+def keys(section: str) -> tuple[Field[Any], ...]:
+    return fields(SECTIONS[section])
 
 
 def otaku_home() -> Path:
@@ -77,108 +103,130 @@ def default_config_path() -> Path:
 
 @dataclass(frozen=True)
 class Settings:
-    """The effective settings; `sources` maps "section.key" to where its value came from."""
+    """The effective settings. `sources` maps "section.key" to where its value came from: "default",
+    the config file, or the command-line label it was given with; `given` holds the keys set on
+    the command line."""
 
-    values: dict[str, dict[str, Any]]
-    sources: dict[str, str] = field(default_factory=dict)
+    context: ContextSettings = ContextSettings()
+    prompt: PromptSettings = PromptSettings()
+    model: ModelSettings = ModelSettings()
+    sources: Mapping[str, str] = field(default_factory=dict)
+    given: frozenset[str] = frozenset()
     path: Path | None = None  # the file that was read, if any
 
-    def __getitem__(self, dotted: str) -> Any:
-        section, key = dotted.split(".", 1)
-        return self.values[section][key]
+    def rows(self) -> Iterator[tuple[str, Any, str]]:
+        """(section.key, value, where it came from), in schema order."""
+        for section in SECTIONS:
+            values = getattr(self, section)
+            for key in keys(section):
+                dotted = f"{section}.{key.name}"
+                yield dotted, getattr(values, key.name), self.sources.get(dotted, "default")
 
 
-def _check(source: str, dotted: str, key: Key, value: Any) -> Any:
-    """Validate one value against its key; return it normalised."""
+def _check(dotted: str, key: Field[Any], value: Any, bad: type[ConfigError], source: str) -> Any:
+    """Validate one value against its field; return it normalised."""
 
-    def bad(expected: str) -> ConfigError:
-        shown = json.dumps(value, ensure_ascii=False) if isinstance(value, (str, int, float, bool)) else repr(value)
-        return ConfigError(source, dotted, f"expected {expected}, got {shown}")
+    def wrong(expected: str) -> ConfigError:
+        shown = json.dumps(value, ensure_ascii=False) if isinstance(value, str | bool) else repr(value)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            shown = f"{value}" if len(str(value)) < 40 else "a number too large to use"
+        return bad(source, dotted, f"expected {expected}, got {shown}")
 
-    if key.kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad("a whole number")
-        if value < 0:
-            raise bad("a number ≥ 0")
-        return value
-    if key.kind == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise bad("a number ≥ 0")
-        return float(value)
-    if key.kind == "reserve":
+    kind, least = key.metadata["kind"], key.metadata["least"]
+    if kind == "reserve":
         if value == "auto":
             return value
-        if isinstance(value, str) and value.isdigit():  # from a flag: --reserve 800
-            return int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise bad('a number of tokens ≥ 0 or "auto"')
+        if isinstance(value, str) and re.fullmatch(r"[0-9]{1,10}", value):  # from a flag: --reserve 800
+            value = int(value)
+        kind, expected = "count", 'a number of tokens ≥ 0 or "auto"'
+    else:
+        expected = ""
+    if kind == "count":
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MOST:
+            raise wrong(expected or f"a whole number from {least} to {MOST:,}")
         return value
-    if key.kind == "tokenizer":
+    if kind == "factor":
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise wrong("a number from 0 to 100")
+        if not 0 <= value <= 100:
+            raise wrong("a number from 0 to 100")
+        return float(value)
+    if kind == "tokenizer":
         if value not in TOKENIZERS:
-            raise bad(" or ".join(f'"{t}"' for t in TOKENIZERS))
+            raise wrong(" or ".join(f'"{t}"' for t in TOKENIZERS))
         return value
     if not isinstance(value, str):
-        raise bad("text")
+        raise wrong("text")
     return value
-
-
-def _consistency(settings: dict[str, dict[str, Any]], sources: dict[str, str]) -> None:
-    """Rules between values, named by where the offending value came from."""
-    if settings["context"]["tail_step"] == 0:
-        raise ConfigError(
-            sources["context.tail_step"], "context.tail_step", "expected a number ≥ 1 (the tail must be able to shrink)"
-        )
-    if settings["model"]["window"] == 0:
-        raise ConfigError(sources["model.window"], "model.window", "expected the model's window in tokens, ≥ 1")
 
 
 def load_settings(
     path: Path | None = None,
-    overrides: dict[str, Any] | None = None,
+    overrides: Mapping[str, tuple[Any, str]] | None = None,
     *,
     explicit: bool = False,
 ) -> Settings:
-    """Defaults, then the config file (if it exists), then `overrides` ({"section.key": (value, source)}).
+    """Defaults, then the config file (if it exists), then `overrides` given on the command line
+    ({"section.key": (value, label)}; a bad value there is a usage error).
 
     `explicit` means the user named the file (`--config`): then a missing file is an error.
     """
-    values = {s: {k: key.default for k, key in keys.items()} for s, keys in SCHEMA.items()}
-    sources = {f"{s}.{k}": "default" for s, keys in SCHEMA.items() for k in keys}
+    values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+    sources: dict[str, str] = {}
     path = path or default_config_path()
     read: Path | None = None
     if path.is_file():
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError:
-            raise ConfigError(str(path), None, "is not UTF-8 text") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(str(path), None, f"is not valid TOML: {exc}") from None
-        _apply_file(path, data, values, sources)
+        _apply_file(path, _read_toml(path), values, sources)
         read = path
     elif explicit:
         raise ConfigError(str(path), None, "no such config file (run `ctx config init` to write one)")
-    for dotted, (value, source) in (overrides or {}).items():
-        section, key = dotted.split(".", 1)
-        values[section][key] = _check(source, dotted, SCHEMA[section][key], value)
-        sources[dotted] = source
-    _consistency(values, sources)
-    return Settings(values, sources, read)
+    for dotted, (value, label) in (overrides or {}).items():
+        section, name = dotted.split(".", 1)
+        key = next(k for k in keys(section) if k.name == name)
+        values[section][name] = _check(dotted, key, value, UsageError, label)
+        sources[dotted] = label
+    return Settings(
+        context=ContextSettings(**values["context"]),
+        prompt=PromptSettings(**values["prompt"]),
+        model=ModelSettings(**values["model"]),
+        sources=sources,
+        given=frozenset(overrides or ()),
+        path=read,
+    )
 
 
-def _apply_file(path: Path, data: dict[str, Any], values: dict, sources: dict) -> None:
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = path.read_bytes()
+        if len(data) > 1 << 20:
+            raise ConfigError(str(path), None, "is over 1 MiB; a config file is a few lines of TOML")
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), None, "is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), None, f"is not valid TOML: {exc}") from None
+    except (RecursionError, ValueError) as exc:  # absurd nesting; a number of thousands of digits
+        raise ConfigError(
+            str(path), None, f"is not a config file ({type(exc).__name__}: nested or sized past reason)"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(str(path), None, f"cannot be read: {exc.strerror or exc}") from None
+
+
+def _apply_file(path: Path, data: dict[str, Any], values: dict[str, dict[str, Any]], sources: dict[str, str]) -> None:
     for section, table in data.items():
-        if section not in SCHEMA:
+        if section not in SECTIONS:
             raise ConfigError(
-                str(path), section, f"unknown section; expected one of {', '.join(f'[{s}]' for s in SCHEMA)}"
+                str(path), section, f"unknown section; expected one of {', '.join(f'[{s}]' for s in SECTIONS)}"
             )
         if not isinstance(table, dict):
             raise ConfigError(str(path), section, "expected a [section] table")
-        for key, value in table.items():
-            dotted = f"{section}.{key}"
-            if key not in SCHEMA[section]:
-                known = ", ".join(SCHEMA[section])
-                raise ConfigError(str(path), dotted, f"unknown key; [{section}] takes {known}")
-            values[section][key] = _check(str(path), dotted, SCHEMA[section][key], value)
+        known = {k.name: k for k in keys(section)}
+        for name, value in table.items():
+            dotted = f"{section}.{name}"
+            if name not in known:
+                raise ConfigError(str(path), dotted, f"unknown key; [{section}] takes {', '.join(known)}")
+            values[section][name] = _check(dotted, known[name], value, ConfigError, str(path))
             sources[dotted] = str(path)
 
 
@@ -191,10 +239,10 @@ def default_toml() -> str:
         "# default; delete a line to keep the default, change it to override.",
         "",
     ]
-    for section, keys in SCHEMA.items():
+    for section in SECTIONS:
         lines.append(f"[{section}]")
-        for name, key in keys.items():
-            lines.append(f"# {key.help}")
-            lines.append(tomli_w.dumps({name: key.default}, multiline_strings=True).strip())
+        for key in keys(section):
+            lines.append(f"# {key.metadata['help']}")
+            lines.append(tomli_w.dumps({key.name: key.default}, multiline_strings=True).strip())
         lines.append("")
     return "\n".join(lines)

@@ -39,6 +39,12 @@ class ConfigError(OtakuError):
         return f"{where}: {self.message}"
 
 
+class UsageError(ConfigError):
+    """A bad value given on the command line: a usage error (exit 2), named by its flag."""
+
+    exit_code = 2
+
+
 class TemplateError(OtakuError):
     """A context template that does not compile or render: names the template, line and column."""
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
-from .errors import StoryError
+from .errors import ConfigError, StoryError
 
 
 @contextlib.contextmanager
@@ -59,3 +62,68 @@ def _mode_for(path: Path) -> int:
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (through symlinks and hard links)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def write_output(path: Path, text: str, inputs: Iterable[Path], stdout: BinaryIO) -> None:
+    """Write `text` where `-o` says: `-` is stdout; a special file (a FIFO, /dev/null, a
+    terminal) is written as it is; a regular file or a new path is written atomically.
+    Never onto an input of the build, whatever the path is called."""
+    data = text.encode("utf-8")
+    if str(path) == "-":
+        stdout.write(data)
+        stdout.flush()
+        return
+    if not str(path):
+        raise ConfigError("-o", None, "an empty path; name a file, or - for stdout")
+    for source in inputs:
+        if same_file(path, source):
+            raise ConfigError(str(path), None, f"is an input of this command ({source}); it is never overwritten")
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        mode = 0
+    except OSError as exc:
+        raise ConfigError(str(path), None, f"cannot be written: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
+        raise ConfigError(str(path), None, "is a directory; name a file inside it")
+    if mode and not stat.S_ISREG(mode):  # a device or a FIFO: there is nothing to replace
+        with open(path, "wb") as handle:
+            handle.write(data)
+        return
+    write_atomic(path, text)
+
+
+@contextlib.contextmanager
+def as_regular_file(path: Path, stdin: BinaryIO) -> Iterator[Path]:
+    """The story as a regular file the readers can sniff and then read. `-` (stdin), a pipe
+    or a process substitution (`<(...)`) can be read only once, so it is copied once into a
+    private temp folder; errors still name what the user gave."""
+    if str(path) != "-":
+        try:
+            regular = not stat.S_ISFIFO(path.stat().st_mode) and not stat.S_ISCHR(path.stat().st_mode)
+        except OSError:
+            regular = True  # missing or unreadable: the reader says so, naming the path
+        if regular:
+            yield path
+            return
+    shown = Path("<stdin>") if str(path) == "-" else path
+    with tempfile.TemporaryDirectory(prefix="ctx-") as folder:
+        copy = Path(folder) / "story"
+        with reading(shown), copy.open("wb") as sink:
+            if str(path) == "-":
+                shutil.copyfileobj(stdin, sink, 1 << 20)
+            else:
+                with path.open("rb") as source:
+                    shutil.copyfileobj(source, sink, 1 << 20)
+        try:
+            yield copy
+        except StoryError as exc:
+            raise StoryError(shown, exc.line, exc.message.replace(str(copy), str(shown))) from None

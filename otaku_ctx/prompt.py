@@ -21,7 +21,7 @@ from typing import Any
 
 from .assembler import Assembly, Part
 from .blocks import Block
-from .config import DEFAULT_CARD_TEMPLATE
+from .config import PromptSettings
 from .errors import ConfigError
 from .formats import Format, builtin_dirs, load_format, render_messages, render_text, stop_sequences, text_pieces
 from .hbs import Template, compile_template
@@ -120,16 +120,6 @@ def find_format(name_or_path: str, home: Path | None) -> Format:
 
 
 # ── Template variables ───────────────────────────────────────────────────────────────────
-
-
-@dataclass(frozen=True)
-class PromptSettings:
-    """The `[prompt]` settings that shape the variables."""
-
-    post_history_depth: int = 0
-    instructions: str = ""
-    post_history_instructions: str = ""
-    card_template: str = DEFAULT_CARD_TEMPLATE
 
 
 def _card_json(card: Card, names: Names) -> dict[str, str]:

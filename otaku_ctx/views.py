@@ -3,7 +3,7 @@ goes to pipes: these are only used for the human-facing forms."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import IO, Any
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -39,8 +39,9 @@ def _ids(ids: list) -> str:
     return ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
 
 
-def explain(facts: dict[str, Any]) -> Group:
-    """The case, each section with its range and tokens, the budget, and every step."""
+def explain(facts: dict[str, Any], *, steps: bool = True) -> Group:
+    """The case, each section with its range and tokens, the budget, and (with `steps`) every
+    step of the search."""
     title = Text(CASES[facts["case"]], style="bold red" if facts["case"] == 6 else "bold")
     sections = Table(title="Sections", show_edge=False, expand=False)
     sections.add_column("section")
@@ -77,11 +78,13 @@ def explain(facts: dict[str, Any]) -> Group:
     budget.add_row(
         "messages", f"{facts['messages']:,}" + (f" (+{facts['hidden']} hidden)" if facts.get("hidden") else "")
     )
-    steps = Text()
+    if not steps:
+        return Group(title, Text(), sections, Text(), budget)
+    listed = Text()
     for number, step in enumerate(facts["steps"], start=1):
-        steps.append(f"{number:>2}. ", style="dim")
-        steps.append(step + "\n")
-    return Group(title, Text(), sections, Text(), budget, Text(), Panel(steps, title="Steps", expand=False))
+        listed.append(f"{number:>2}. ", style="dim")
+        listed.append(step + "\n")
+    return Group(title, Text(), sections, Text(), budget, Text(), Panel(listed, title="Steps", expand=False))
 
 
 def settings_table(rows: list[tuple[str, str, str]]) -> Table:
@@ -94,5 +97,13 @@ def settings_table(rows: list[tuple[str, str, str]]) -> Table:
     return table
 
 
-def console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+def console(stream: IO[str], *, color: bool, width: int | None = None) -> Console:
+    """A console that writes to `stream`; colour only when asked (a terminal, no NO_COLOR)."""
+    return Console(
+        file=stream,
+        highlight=False,
+        soft_wrap=False,
+        color_system="auto" if color else None,
+        force_terminal=color,
+        width=width,
+    )

@@ -230,10 +230,11 @@ def test_bad_template_names_file_line_and_column(capsys, tmp_path, source, where
 
 
 def test_unknown_template_and_format_names(capsys):
+    """A name that names nothing is a usage error on the command line, bad input in a config file."""
     code, out, err = run(capsys, "build", CASE3, "--template", "nope")
-    assert code == 1 and out == "" and "no template named 'nope'" in err and "serene" in err
+    assert code == 2 and out == "" and "no template named 'nope'" in err and "serene" in err
     code, out, err = run(capsys, "build", CASE3, "--format", "nope")
-    assert code == 1 and out == "" and "nope" in err
+    assert code == 2 and out == "" and "nope" in err
 
 
 def test_a_template_sees_only_plain_data(tmp_path, capsys):
@@ -286,11 +287,11 @@ def test_sillytavern_template_does_not_repeat_the_main_card():
     assert prompt.count("Ilya keeps the lamp") == 1
 
 
-def test_user_flag_wins_config_user_only_fills_in(tmp_path):
+def test_the_configured_user_names_the_persona_whatever_the_story_says(tmp_path):
+    """SillyTavern's rule: {{user}} is the persona (--user, else [prompt] user), then the story."""
     s = chat_story()
     told = Story(path=s.path, messages=s.messages, system=s.system, info=StoryInfo(user="Wren"))
-    config = load_settings(overrides={"prompt.user": ("Robin", str(tmp_path / "config.toml"))})
-    flag = load_settings(overrides={"prompt.user": ("Robin", "--user")})
-    assert build(s, config).prompt.startswith("Narrate for Robin.")  # the story does not say
-    assert build(told, config).prompt.startswith("Narrate for Wren.")  # the story says
-    assert build(told, flag).prompt.startswith("Narrate for Robin.")  # the flag says
+    configured = load_settings(overrides={"prompt.user": ("Robin", "--user")})
+    assert build(s, configured).prompt.startswith("Narrate for Robin.")  # the story does not say
+    assert build(told, load_settings()).prompt.startswith("Narrate for Wren.")  # only the story says
+    assert build(told, configured).prompt.startswith("Narrate for Robin.")  # the persona wins
