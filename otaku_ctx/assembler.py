@@ -380,14 +380,25 @@ def recap_at_level(
     return tuple(parts)
 
 
-def rungs(shape: Shape) -> list[int]:
+def rungs(shape: Shape, messages: int | None = None) -> list[int]:
     """ "Reduce the min_tail_messages setting in steps of 50 (150 → 100 → 50; 50 is the
-    floor)": the tail targets to try, in order."""
+    floor)": the tail targets to try, in order.
+
+    Given the story's length, the targets that cannot cover a scene (the tail would reach
+    back into the head) are one and the same prompt: after the first, they are passed over,
+    so a huge min_tail_messages with a small tail_step costs nothing."""
     targets = [shape.min_tail]
-    while targets[-1] - shape.tail_step >= shape.tail_floor:
-        targets.append(targets[-1] - shape.tail_step)
-    if targets[-1] > shape.tail_floor:
-        targets.append(shape.tail_floor)
+    step, floor = shape.tail_step, shape.tail_floor
+    first = 1
+    if messages is not None:
+        coverable = messages - shape.head - 2  # the largest target whose chain can hold a scene
+        first = max(1, -(-(shape.min_tail - coverable) // step))
+    target = shape.min_tail - first * step
+    while target >= floor:
+        targets.append(target)
+        target -= step
+    if targets[-1] > floor:
+        targets.append(floor)
     return targets
 
 
@@ -601,7 +612,7 @@ class _Search:
         self.steps.append(HeadPriced(_ends(opening), head_cost, fixed, self.limit))
         base = fixed + head_cost
         previous: tuple[Scene, ...] | None = None
-        targets = rungs(self.shape)
+        targets = rungs(self.shape, len(self.story))
         for target in targets:
             chain = covered_chain(self.story, self.shape, target)
             if previous is not None and chain.scenes == previous:

@@ -13,11 +13,12 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum, StrEnum
-from io import TextIOWrapper
+from io import StringIO, TextIOWrapper
 from pathlib import Path
 from typing import IO, Annotated, Any, BinaryIO, TypeVar
 
@@ -295,7 +296,7 @@ def build_cmd(
     request: Request,
     story: StoryArg,
     output: Annotated[
-        Path | None,
+        str | None,
         typer.Option("-o", "--output", metavar="FILE", help="Write the prompt here (atomically), or - for stdout."),
     ] = None,
 ) -> None:
@@ -314,7 +315,7 @@ def build_cmd(
         write_stdout(built.prompt + newline)
     else:
         try:
-            write_output(output, built.prompt, request.inputs(), stdout_of(io))
+            write_output(Path(output) if output else None, built.prompt, request.inputs(), stdout_of(io))
         except BrokenPipeError:  # -o - or -o /dev/stdout into a closed pipe
             raise PipeClosed from None
     if io.stderr_tty:
@@ -367,7 +368,7 @@ def validate_cmd(story: StoryArg, source_format: From = None, config: ConfigPath
 @app.command("convert")
 def convert_cmd(
     story: StoryArg,
-    output: Annotated[Path, typer.Option("-o", "--output", metavar="FILE", help="The native JSONL file to write.")],
+    output: Annotated[str, typer.Option("-o", "--output", metavar="FILE", help="The native JSONL file to write.")],
     source_format: From = None,
     card: Cards = None,
     force: Force = False,
@@ -382,11 +383,12 @@ def convert_cmd(
 
     settings_from(config)
     cards = list(card or [])
-    if str(output) != "-" and output.exists() and not output.is_char_device() and not force:
-        raise ConfigError(str(output), None, "already exists; pass --force to overwrite it")
+    target = Path(output) if output else None
+    if target and output != "-" and target.is_file() and not force:
+        raise ConfigError(output, None, "already exists; pass --force to overwrite it")
     with as_regular_file(story, terminal().stdin) as path:
         converted = open_story(path, source_format.value if source_format else None, cards)
-    write_output(output, to_native_text(converted), [story, *cards], stdout_of(terminal()))
+    write_output(target, to_native_text(converted), [story, *cards], stdout_of(terminal()))
     terminal().say(f"wrote {output}: {len(converted)} messages, {len(converted.scenes)} scenes")
 
 
@@ -502,8 +504,9 @@ def _run(argv: list[str], io: Terminal, debug: bool) -> int:
     from .errors import OtakuError
 
     try:
-        # Typer reports usage errors itself (exit 2) and ends with SystemExit.
-        app(args=argv, prog_name="ctx", standalone_mode=True)
+        # Typer reports usage errors and help itself, on sys.stdout/sys.stderr, and ends with SystemExit.
+        with _typer_streams(io):
+            app(args=argv, prog_name="ctx", standalone_mode=True)
     except OtakuError as exc:
         if debug:
             raise
@@ -533,6 +536,25 @@ def _run(argv: list[str], io: Terminal, debug: bool) -> int:
     return ExitStatus.OK
 
 
+@contextmanager
+def _typer_streams(io: Terminal) -> Iterator[None]:
+    """Point sys.stdout and sys.stderr at the terminal's streams while Typer runs."""
+    out = TextIOWrapper(io.stdout, encoding="utf-8", write_through=True) if io.stdout else None
+    err = io.stderr if io.stderr is not None else StringIO()
+    try:
+        with redirect_stderr(err):
+            if out is None:
+                yield
+            else:
+                with redirect_stdout(out):
+                    yield
+    finally:
+        if out is not None:
+            with suppress(ValueError, OSError):
+                out.flush()
+            out.detach()
+
+
 def _silence_stdout() -> None:
     """After a broken pipe, point stdout at /dev/null so the interpreter's final flush is quiet."""
     try:
@@ -548,3 +570,7 @@ def entry() -> None:  # console script
         sys.stdout.write(f"ctx {__version__}\n")
         sys.exit(ExitStatus.OK)
     sys.exit(main(argv))
+
+
+if __name__ == "__main__":
+    entry()

@@ -72,17 +72,17 @@ def same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def write_output(path: Path, text: str, inputs: Iterable[Path], stdout: BinaryIO) -> None:
+def write_output(path: Path | None, text: str, inputs: Iterable[Path], stdout: BinaryIO) -> None:
     """Write `text` where `-o` says: `-` is stdout; a special file (a FIFO, /dev/null, a
     terminal) is written as it is; a regular file or a new path is written atomically.
     Never onto an input of the build, whatever the path is called."""
     data = text.encode("utf-8")
+    if path is None:
+        raise ConfigError("-o", None, "an empty path; name a file, or - for stdout")
     if str(path) == "-":
         stdout.write(data)
         stdout.flush()
         return
-    if not str(path):
-        raise ConfigError("-o", None, "an empty path; name a file, or - for stdout")
     for source in inputs:
         if same_file(path, source):
             raise ConfigError(str(path), None, f"is an input of this command ({source}); it is never overwritten")

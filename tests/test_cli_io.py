@@ -1,0 +1,269 @@
+"""`ctx` and the world around it: stdin and pipes, `-o` onto every kind of path, closed and
+broken streams, exit statuses, help text. Streams are injected through `Terminal`, so the
+branches a terminal or a pipe would take are all tested."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import typer.main
+from conftest import CASE3, REPO
+
+from otaku_ctx.cli import ExitStatus, Terminal, app, main
+from otaku_ctx.readers import READERS
+
+
+class Pipe(io.BytesIO):
+    """A stdout whose reader went away."""
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def ctx(*argv: str | Path, stdin: bytes = b"", **terminal: object) -> tuple[int, str, str]:
+    """`ctx ARGV` with its own streams: (status, stdout, stderr)."""
+    out, err = io.BytesIO(), io.StringIO()
+    streams: dict[str, object] = {"stdin": io.BytesIO(stdin), "stdout": out, "stderr": err}
+    streams.update(terminal)
+    status = main([str(a) for a in argv], Terminal(**streams))  # type: ignore[arg-type]
+    return status, out.getvalue().decode("utf-8"), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def expected() -> str:
+    return ctx("build", CASE3)[1]
+
+
+# ── Where the story comes from ───────────────────────────────────────────────────────────
+
+
+def test_a_story_from_stdin(expected):
+    assert ctx("build", "-", stdin=CASE3.read_bytes()) == (0, expected, "")
+
+
+def test_a_story_from_a_pipe_is_read_once(tmp_path, expected):
+    """A FIFO (what `<(cat story)` is) can be read only once; sniffing must not use it up."""
+    fifo = tmp_path / "story.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(CASE3.read_bytes()))
+    writer.start()
+    try:
+        assert ctx("build", fifo) == (0, expected, "")
+    finally:
+        writer.join(timeout=10)
+
+
+def test_errors_in_a_story_from_stdin_name_stdin():
+    status, out, err = ctx("build", "-", stdin=b'{"role": "user", "content": "hi"}\n{"role": \n')
+    assert status == ExitStatus.ERROR and out == ""
+    assert err.startswith("ctx: <stdin>:2: ") and "/tmp" not in err
+
+
+# ── Where the prompt goes ────────────────────────────────────────────────────────────────
+
+
+def test_o_never_overwrites_the_story_even_through_a_symlink(tmp_path):
+    story = tmp_path / "story.jsonl"
+    story.write_bytes(CASE3.read_bytes())
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(story)
+    for target in (story, link):
+        status, out, err = ctx("build", story, "-o", target)
+        assert status == ExitStatus.ERROR and out == "" and "never overwritten" in err
+    assert story.read_bytes() == CASE3.read_bytes() and link.is_symlink()
+
+
+def test_o_writes_into_a_fifo_without_replacing_it(tmp_path, expected):
+    fifo = tmp_path / "prompt.fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    status, _, err = ctx("build", CASE3, "-o", fifo)
+    reader.join(timeout=10)
+    assert (status, err) == (0, "")
+    assert got == [expected.encode("utf-8")]
+    assert fifo.is_fifo()
+
+
+def test_o_onto_a_directory_or_nothing_names_what_the_user_gave(tmp_path):
+    status, _, err = ctx("build", CASE3, "-o", tmp_path)
+    assert status == ExitStatus.ERROR and err == f"ctx: {tmp_path}: is a directory; name a file inside it\n"
+    status, _, err = ctx("build", CASE3, "-o", "")
+    assert status == ExitStatus.ERROR and "empty path" in err and ".tmp" not in err
+
+
+def test_o_dash_is_stdout(expected):
+    assert ctx("build", CASE3, "-o", "-") == (0, expected, "")
+
+
+def test_o_writes_a_regular_file_atomically(tmp_path, expected):
+    target = tmp_path / "prompt.txt"
+    target.write_text("old", encoding="utf-8")
+    assert ctx("build", CASE3, "-o", target) == (0, "", "")
+    assert target.read_text(encoding="utf-8") == expected
+    assert [p.name for p in tmp_path.iterdir()] == ["prompt.txt"]  # no temp file left
+
+
+# ── Closed and broken streams ────────────────────────────────────────────────────────────
+
+
+def test_a_broken_pipe_exits_141_quietly():
+    status, _, err = ctx("build", CASE3, stdout=Pipe())
+    assert (status, err) == (ExitStatus.BROKEN_PIPE, "")
+    status, _, err = ctx("inspect", CASE3, "--json", stdout=Pipe())
+    assert (status, err) == (ExitStatus.BROKEN_PIPE, "")
+
+
+def test_closed_stdout_is_one_line_and_exit_1():
+    status, _, err = ctx("build", CASE3, stdout=None)
+    assert status == ExitStatus.ERROR and err.count("\n") == 1 and "stdout is closed" in err
+
+
+def test_closed_stderr_does_not_change_the_outcome(expected):
+    out = io.BytesIO()
+    assert main(["build", str(CASE3)], Terminal(io.BytesIO(), out, None, stderr_tty=True)) == 0
+    assert out.getvalue().decode("utf-8") == expected
+
+
+def test_a_terminal_gets_a_final_newline_and_a_summary(expected):
+    status, out, err = ctx("build", CASE3, stdout_tty=True, stderr_tty=True)
+    assert status == 0 and out == expected + "\n"
+    assert err.startswith("case 3 · ") and err.endswith("(cl100k_base)\n")
+
+
+def _run_process(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.update(kwargs.pop("env", {}))  # type: ignore[arg-type]
+    return subprocess.run(
+        [sys.executable, "-m", "otaku_ctx.cli", *args], capture_output=True, env=env, timeout=60, **kwargs
+    )
+
+
+def test_real_process_with_closed_stdout_and_a_non_ascii_locale(tmp_path):
+    """`>&-` and PYTHONIOENCODING=ascii, as a shell would start ctx."""
+    story = tmp_path / "story.jsonl"
+    story.write_text('{"role": "user", "name": "Zoë", "content": "Ça va — ☕?"}\n', encoding="utf-8")
+    done = _run_process(["build", str(story)], env={"PYTHONIOENCODING": "ascii"})
+    assert done.returncode == 0 and "Ça va — ☕?" in done.stdout.decode("utf-8")
+    shell = f"{sys.executable} -m otaku_ctx.cli build {story} >&-"
+    closed = subprocess.run(["sh", "-c", shell], capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert closed.returncode == 1 and b"stdout is closed" in closed.stderr
+
+
+# ── Exit statuses and usage ──────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--emit", "yaml"],
+        ["--tokenizer", "gpt2"],
+        ["--from", "word"],
+        ["--reserve", "²"],
+        ["--tail", "1000000000000"],
+        ["--template", "nope"],
+    ],
+)
+def test_bad_flag_values_are_usage_errors(argv):
+    status, out, err = ctx("build", CASE3, *argv)
+    assert status == ExitStatus.USAGE and out == "" and err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "toml", ["reserve_factor = nan", "reserve_factor = inf", "reserve_factor = 1e308", "min_tail_messages = -1"]
+)
+def test_bad_numbers_in_the_config_are_bad_input(tmp_path, toml):
+    config = tmp_path / "config.toml"
+    config.write_text(f"[context]\n{toml}\n", encoding="utf-8")
+    status, out, err = ctx("build", CASE3, "--config", config)
+    assert status == ExitStatus.ERROR and out == "" and err.startswith(f"ctx: {config}: context.")
+
+
+def test_a_huge_tail_with_a_tiny_step_is_bounded(tmp_path):
+    """min_tail 10⁹ with tail_step 1 on a 2-message story: one prompt, not 10⁹ rungs."""
+    story = tmp_path / "two.jsonl"
+    story.write_text('{"role":"user","content":"a"}\n{"role":"assistant","content":"b"}\n', encoding="utf-8")
+    config = tmp_path / "config.toml"
+    config.write_text("[context]\nmin_tail_messages = 1000000000\ntail_step = 1\n", encoding="utf-8")
+    status, out, _ = ctx("inspect", story, "--json", "--config", config)
+    assert status == 0 and json.loads(out)["case"] == 1
+
+
+def test_config_works_on_every_command(tmp_path):
+    missing = tmp_path / "missing.toml"
+    for argv in (["build", CASE3], ["inspect", CASE3], ["validate", CASE3], ["config", "show"]):
+        status, _, err = ctx(*argv, "--config", missing)
+        assert status == ExitStatus.ERROR and "no such config file" in err, argv
+    status, _, err = ctx("convert", CASE3, "-o", tmp_path / "out.jsonl", "--config", missing)
+    assert status == ExitStatus.ERROR and "no such config file" in err
+
+
+def test_inspect_explains_steps_only_when_asked():
+    plain, explained = ctx("inspect", CASE3)[1], ctx("inspect", CASE3, "--explain")[1]
+    assert "case 3" in plain and "Steps" not in plain
+    assert "Steps" in explained and explained.startswith(plain.rstrip("\n"))
+
+
+def test_config_show_in_a_pipe_keeps_every_column_whole(tmp_path):
+    config = tmp_path / ("a-rather-long-folder-name-" * 3) / "config.toml"
+    config.parent.mkdir()
+    config.write_text("[model]\nwindow = 4096\n", encoding="utf-8")
+    status, out, _ = ctx("config", "show", "--config", config)
+    assert status == 0
+    assert f"model.window\t4096\t{config}\n" in out
+
+
+# ── Help ─────────────────────────────────────────────────────────────────────────────────
+
+
+def _commands() -> list[tuple[str, object]]:
+    root = typer.main.get_command(app)
+    found = []
+
+    def walk(command: object, path: str) -> None:
+        found.append((path, command))
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, f"{path} {name}".strip())
+
+    walk(root, "")
+    return found
+
+
+def test_every_command_and_option_has_help():
+    for path, command in _commands():
+        assert command.help, f"ctx {path} has no help"  # type: ignore[attr-defined]
+        for param in command.params:  # type: ignore[attr-defined]
+            assert getattr(param, "help", None), f"ctx {path} {param.name} has no help"
+
+
+def test_help_reads_well_in_80_columns():
+    for path, _ in _commands():
+        status, out, _ = ctx(*path.split(), "--help")
+        assert status == 0 and out.startswith("Usage: ctx")
+        assert max(map(len, out.splitlines())) <= 80, f"ctx {path} --help is wider than 80 columns"
+        assert "{" not in out.split("\n")[0], "the usage line shows arguments the usual way"
+
+
+def test_shell_completion_is_offered():
+    assert "--install-completion" in ctx("--help")[1]
+
+
+def test_choices_are_the_cores():
+    from otaku_ctx.cli import Emit, SourceFormat
+    from otaku_ctx.prompt import EMITS
+
+    assert [e.value for e in Emit] == list(EMITS)
+    assert [s.value for s in SourceFormat] == list(READERS)
+
+
+def test_version_needs_nothing_else():
+    done = _run_process(["--version"])
+    assert done.returncode == 0 and done.stdout.decode().startswith("ctx ")
