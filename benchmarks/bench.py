@@ -25,7 +25,7 @@ import storygen  # noqa: E402
 from otaku_ctx.assembler import assemble  # noqa: E402
 from otaku_ctx.build import budget_of, renderer_for, shape_of  # noqa: E402
 from otaku_ctx.config import load_settings  # noqa: E402
-from otaku_ctx.prompt import TemplatePricer  # noqa: E402
+from otaku_ctx.pricing import TemplatePricer  # noqa: E402
 from otaku_ctx.readers import read_story  # noqa: E402
 from otaku_ctx.tokens import make_counter  # noqa: E402
 

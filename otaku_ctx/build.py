@@ -14,11 +14,15 @@ from pathlib import Path
 from .assembler import Assembly, Shape, assemble
 from .cards import add_cards, read_card
 from .config import Settings, otaku_home
+from .emit import EMITS, PromptRenderer
 from .errors import ConfigError, UsageError
+from .lookup import find_format, load_template
 from .model import Story
-from .prompt import EMITS, Names, PromptRenderer, TemplatePricer, Variables, find_format, load_template
+from .names import Names
+from .pricing import TemplatePricer
 from .readers import read_story
 from .tokens import TokenCounter, make_counter
+from .variables import Variables
 
 
 @dataclass(frozen=True)

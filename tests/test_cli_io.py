@@ -258,7 +258,7 @@ def test_shell_completion_is_offered():
 
 def test_choices_are_the_cores():
     from otaku_ctx.cli import Emit, SourceFormat
-    from otaku_ctx.prompt import EMITS
+    from otaku_ctx.emit import EMITS
 
     assert [e.value for e in Emit] == list(EMITS)
     assert [s.value for s in SourceFormat] == list(READERS)

@@ -13,7 +13,7 @@ from otaku_ctx.assembler import Shape, assemble
 from otaku_ctx.build import renderer_for
 from otaku_ctx.config import load_settings
 from otaku_ctx.errors import ConfigError
-from otaku_ctx.prompt import TemplatePricer
+from otaku_ctx.pricing import TemplatePricer
 from otaku_ctx.tokens import make_counter
 
 

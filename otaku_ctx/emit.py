@@ -1,0 +1,77 @@
+"""From an assembly to the emitted prompt: the template turns the variables into role blocks,
+the format wraps the blocks into one text prompt or chat messages, and the emit form decides
+what is printed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .assembler import Assembly, Part
+from .blocks import Block
+from .errors import ConfigError
+from .formats import Format, render_messages, render_text, stop_sequences
+from .hbs import Template
+from .variables import OPEN_MARK, Variables
+
+EMITS = ("text", "messages", "openai-chat", "openai-completion")
+
+
+def _sections(a: Assembly) -> tuple[list[Part], list[Part], list[Part]]:
+    return [Part.verbatim(m) for m in a.head], list(a.recap), [Part.verbatim(m) for m in a.tail]
+
+
+@dataclass
+class PromptRenderer:
+    """Template + format + emit form: blocks for an assembly, and the prompt as printed."""
+
+    variables: Variables
+    template: Template
+    format: Format
+    emit: str = "text"
+    reserve: int = 0
+
+    def render(self, head: Sequence[Part], recap: Sequence[Part], tail: Sequence[Part]) -> list[Block]:
+        """Role blocks; the last is open when it holds the open turn (see `Variables.open_turn`)."""
+        blocks = self.template.render(self.variables.for_assembly(head, recap, tail))
+        out = [Block(b.role, b.text.replace(OPEN_MARK, "")) if OPEN_MARK in b.text else b for b in blocks]
+        if out and OPEN_MARK in blocks[-1].text and out[-1].role == "assistant":
+            out[-1] = Block("assistant", out[-1].text, open=True)
+        return out
+
+    def blocks(self, assembly: Assembly) -> list[Block]:
+        return self.render(*_sections(assembly))
+
+    def messages(self, blocks: Sequence[Block]) -> list[dict[str, str]]:
+        """Chat messages; the open turn is the API's own reply, so it is not sent."""
+        return render_messages(self.format, [b for b in blocks if not b.open])
+
+    def stop(self) -> list[str]:
+        story, names = self.variables.story, self.variables.names
+        speakers = [names.speaker(m) for m in story.messages if not m.is_card]
+        people = list(dict.fromkeys([names.char, names.user, *speakers]))
+        return stop_sequences(self.format, [p for p in people if p])
+
+    def text(self, blocks: Sequence[Block]) -> str:
+        return render_text(self.format, blocks)
+
+    def emitted(self, blocks: Sequence[Block]) -> str:
+        """The prompt exactly as printed. JSON ends with a newline; text does not, since a
+        completion prompt must end where the model is to continue."""
+        if self.emit == "text":
+            return self.text(blocks)
+        if self.emit == "messages":
+            body: Any = self.messages(blocks)
+        elif self.emit == "openai-chat":
+            body = {"messages": self.messages(blocks), "max_tokens": self.reserve, "stop": self.stop()}
+        elif self.emit == "openai-completion":
+            body = {"prompt": self.text(blocks), "max_tokens": self.reserve, "stop": self.stop()}
+        else:
+            raise ConfigError("--emit", None, f"unknown emit form {self.emit!r}; expected one of {', '.join(EMITS)}")
+        return json.dumps(body, ensure_ascii=False, indent=2) + "\n"
+
+    @property
+    def chat_counted(self) -> bool:
+        return self.emit in ("messages", "openai-chat")

@@ -1,0 +1,45 @@
+"""Finding templates and formats by name or path: the user's folder first, then the shipped ones."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import ConfigError
+from .formats import Format, builtin_dirs, load_format
+from .hbs import Template, compile_template
+
+
+@lru_cache(maxsize=64)
+def compiled(source: str, name: str) -> Template:
+    """Compile once per run (pymeta's parser is slow; a compiled template is immutable)."""
+    return compile_template(source, name)
+
+
+def search_dirs(kind: str, home: Path | None) -> list[Path]:
+    """Where `--template NAME` / `--format NAME` are looked up: the user's
+    `~/.otaku/configs/<kind>/` first, then the shipped `configs/<kind>/`."""
+    dirs = [home / "configs" / kind] if home else []
+    return dirs + [d.parent / kind for d in builtin_dirs()]
+
+
+def load_template(name_or_path: str, home: Path | None) -> Template:
+    """A template by name (`default`, `serene`, `sillytavern`, or one of the user's) or path."""
+    path = Path(name_or_path).expanduser()
+    if not (name_or_path.endswith(".hbs") or path.is_file()):
+        found = [d / f"{name_or_path}.hbs" for d in search_dirs("templates", home)]
+        path = next((p for p in found if p.is_file()), found[-1] if found else path)
+        if not path.is_file():
+            names = sorted({p.stem for d in search_dirs("templates", home) if d.is_dir() for p in d.glob("*.hbs")})
+            raise ConfigError(name_or_path, None, f"no template named {name_or_path!r}; known: {', '.join(names)}")
+    try:
+        source = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(str(path), None, "no such template file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), None, f"cannot read the template: {exc}") from None
+    return compiled(source, str(path))
+
+
+def find_format(name_or_path: str, home: Path | None) -> Format:
+    return load_format(name_or_path, search_dirs("formats", home))

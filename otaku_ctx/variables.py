@@ -1,0 +1,195 @@
+"""The template variables of a story and an assembly (docs/templates.md lists them)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from .assembler import Part
+from .config import PromptSettings
+from .hbs import Template
+from .lookup import compiled
+from .model import Card, Story
+from .names import Names
+
+# The open turn's `message`: private-use characters around a per-run nonce, which story text
+# (data read from a file) cannot predict.
+OPEN_MARK = f"\ue000open-{secrets.token_hex(8)}\ue001"
+
+
+def _card_json(card: Card, names: Names) -> dict[str, str]:
+    fill = names.within(card).fill
+    data = {
+        "name": card.name,
+        "description": fill(card.description),
+        "personality": fill(card.personality),
+        "scenario": fill(card.scenario),
+    }
+    return {k: v for k, v in data.items() if v}
+
+
+@dataclass
+class Variables:
+    """Builds the template variables for a story; the assembly-free part is computed once."""
+
+    story: Story
+    names: Names
+    settings: PromptSettings = field(default_factory=PromptSettings)
+
+    @cached_property
+    def card_template(self) -> Template:
+        return compiled(self.settings.card_template, "[prompt] card_template")
+
+    @cached_property
+    def known_cards(self) -> list[Card]:
+        """The story's cards, then its cast."""
+        return [m.card for m in self.story.cards if m.card] + list(self.story.info.cast)
+
+    @cached_property
+    def main_card(self) -> Card | None:
+        cards = self.known_cards
+        return next((c for c in cards if c.name == self.names.char), cards[0] if cards else None)
+
+    def card_text(self, card: Card) -> str:
+        """How a card message reads: the `[prompt] card_template`, with macros filled in."""
+        fill = self.names.within(card).fill
+        text = self.card_template.render_text(
+            {
+                "name": card.name,
+                "description": fill(card.description),
+                "personality": fill(card.personality),
+                "scenario": fill(card.scenario),
+                "exampleDialogue": fill(card.example_dialogue),
+                "firstMessage": fill(card.first_message),
+                "char": card.name,
+                "user": self.names.user,
+            }
+        )
+        return text.strip("\n")
+
+    def entry(self, part: Part) -> dict[str, Any]:
+        """One `chatMessages` entry: role, name, message, and what it is."""
+        m, scene = part.message, part.scene
+        if part.kind == "card" and m and m.card:
+            return {"role": "system", "name": m.card.name, "message": self.card_text(m.card), "kind": "card",
+                    "number": m.number, "scene": None, "title": ""}  # fmt: skip
+        if part.kind == "message" and m:
+            return {"role": m.role, "name": self.names.speaker(m), "message": self.names.fill(m.content),
+                    "kind": "message", "number": m.number, "scene": None, "title": ""}  # fmt: skip
+        if scene is not None:
+            text = scene.summary if part.kind == "summary" else scene.history
+            return {"role": "system", "name": "", "message": self.names.fill(text), "kind": part.kind,
+                    "number": None, "scene": scene.ref, "title": scene.title}  # fmt: skip
+        raise ValueError(f"cannot render {part!r}")
+
+    @cached_property
+    def fixed(self) -> dict[str, Any]:
+        """The variables that do not depend on the assembly."""
+        story, names, card = self.story, self.names, self.main_card
+        cards = self.known_cards
+        users = list(dict.fromkeys([names.user] if names.user else []))
+        users += [m.name for m in story.messages if m.role == "user" and m.name and m.name not in users]
+        persona = names.fill(story.info.persona)
+        personas = [{"name": u, **({"description": persona} if persona and u == names.user else {})} for u in users]
+        fill = names.within(card).fill
+        scenario = names.fill(story.info.scenario) or (fill(card.scenario) if card else "")
+        example = fill(card.example_dialogue) if card else ""
+        system = names.fill(story.system) or (fill(card.system_prompt) if card else "")
+        return {
+            "system": system,
+            "title": story.info.title,
+            "char": names.char,
+            "user": names.user,
+            "characters": json.dumps([_card_json(c, names) for c in cards], ensure_ascii=False, indent=2)
+            if cards
+            else "",
+            "personas": json.dumps(personas, ensure_ascii=False, indent=2) if users else "",
+            "scenario": scenario,
+            # Serene Pub's template has no {{system}}: there the system prompt is the chat
+            # prompt's instructions, so the story's system message stands in when none is set.
+            "instructions": names.fill(story.info.instructions) or names.fill(self.settings.instructions) or system,
+            "currentDate": story.info.current_date,
+            "storySoFar": names.fill(story.info.story_so_far),
+            # SillyTavern's story-string parameters (seed 003)
+            "description": fill(card.description) if card else "",
+            "personality": fill(card.personality) if card else "",
+            "persona": persona,
+            "mesExamples": example,
+            "mesExamplesRaw": example,
+            "wiBefore": "",
+            "wiAfter": "",
+            "loreBefore": "",
+            "loreAfter": "",
+            "anchorBefore": "",
+            "anchorAfter": "",
+            "worldLore": "",
+            "narrativeGraph": "",
+        }
+
+    @cached_property
+    def open_turn(self) -> dict[str, Any]:
+        """The last `chatMessages` entry: the turn the model continues ("Name: ")."""
+        story = self.story
+        last = next((m.name for m in reversed(story.messages) if m.role == "assistant" and m.name), None)
+        speaker = story.info.char or last or self.names.char or "Assistant"
+        # Its `message` is a mark no story text can hold: where the template prints it is how
+        # the renderer knows which block the model continues (the mark itself prints nothing).
+        return {"role": "assistant", "name": speaker, "message": OPEN_MARK, "kind": "open", "number": None,
+                "scene": None, "title": ""}  # fmt: skip
+
+    def for_assembly(self, head: Sequence[Part], recap: Sequence[Part], tail: Sequence[Part]) -> dict[str, Any]:
+        """Every variable, for the given sections (see docs/templates.md)."""
+        head_e = [self.entry(p) for p in head]
+        recap_e = [self.entry(p) for p in recap]
+        tail_e = [self.entry(p) for p in tail]
+        chat = head_e + recap_e + tail_e + [self.open_turn]
+        history = next((e for e in recap_e if e["kind"] == "history"), None)
+        summaries, cards_before = [], []
+        floated: list[dict[str, Any]] = []
+        for e in recap_e:
+            if e["kind"] == "card":
+                cards_before.append(e)
+            elif e["kind"] == "history":
+                floated, cards_before = cards_before, []
+            elif e["kind"] == "summary":
+                summaries.append(
+                    {"scene": e["scene"], "title": e["title"], "summary": e["message"], "cards": cards_before}
+                )
+                cards_before = []
+        recap_list = ([{"scene": history["scene"], "history": history["message"]}] if history else []) + [
+            {"scene": s["scene"], "title": s["title"], "summary": s["summary"]} for s in summaries
+        ]
+        variables = dict(self.fixed)
+        variables.update(
+            {
+                "head": head_e,
+                "tail": tail_e,
+                "recap": {"history": history, "summaries": summaries, "floatedCards": floated} if recap_e else None,
+                "floatedCards": floated,
+                "summaries": summaries,
+                "chatMessages": chat,
+                "history": json.dumps(recap_list, ensure_ascii=False, indent=2) if recap_list else "",
+                "postHistory": self.post_history(len(chat)),
+            }
+        )
+        return variables
+
+    def post_history(self, entries: int) -> dict[str, Any]:
+        """Seed 000's reminder: depth 0 targets the open turn (the last entry), depth N sits N
+        messages earlier, clamped to the oldest entry."""
+        card = self.main_card
+        fill = self.names.within(card).fill
+        post = {
+            "instructions": self.names.fill(self.settings.post_history_instructions),
+            "charInstructions": fill(card.post_history_instructions) if card else "",
+            "exampleDialogue": fill(card.example_dialogue) if card else "",
+        }
+        target = max(0, entries - 1 - self.settings.post_history_depth)
+        return {"targetIndex": target, "hasContent": any(post.values()), **post}
+
+
+# ── Rendering and emitting ───────────────────────────────────────────────────────────────
