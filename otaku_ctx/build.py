@@ -64,7 +64,7 @@ def reply_reserve(story: Story, settings: Settings, count: TokenCounter) -> tupl
     c = settings.context
     if c.reply_reserve != "auto":
         return c.reply_reserve, "set"
-    replies = []
+    replies: list[str] = []
     for message in reversed(story.messages):
         if len(replies) == c.reserve_replies:
             break

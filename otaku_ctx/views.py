@@ -26,11 +26,11 @@ def _span(r: dict[str, int] | None) -> str:
     return f"{r['first']:,}–{r['last']:,}" if r["first"] != r["last"] else f"{r['first']:,}"
 
 
-def _ids(ids: list) -> str:
+def _ids(ids: list[int | str]) -> str:
     """Scene ids or message numbers, runs of consecutive numbers shortened: 5–17, 20."""
     if not ids:
         return "—"
-    runs: list[list] = []
+    runs: list[list[int | str]] = []
     for i in ids:
         if runs and isinstance(i, int) and isinstance(runs[-1][-1], int) and i == runs[-1][-1] + 1:
             runs[-1].append(i)
