@@ -1,20 +1,52 @@
-"""otaku-ctx: build the prompt for a long roleplay story that fits the model's window."""
+"""otaku-ctx: build the prompt for a long roleplay story that fits the model's window.
+
+The public API is listed in `__all__`. Each name is imported from its module when first used,
+so `import otaku_ctx` (and so `ctx --help` and `ctx --version`) costs nothing but this file.
+"""
 
 from __future__ import annotations
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from .assembler import Assembly, Part, Pricer, Refusal, Shape, assemble  # noqa: E402
-from .build import Budget, Built, build, open_story  # noqa: E402
-from .cards import add_cards, read_card  # noqa: E402
-from .config import Settings, load_settings  # noqa: E402
-from .convert import to_native_lines  # noqa: E402
-from .errors import ConfigError, ContextOverflow, OtakuError, StoryError, TemplateError  # noqa: E402
-from .formats import Format, load_format  # noqa: E402
-from .hbs import Template, compile_template  # noqa: E402
-from .model import Card, Message, Scene, Story, StoryInfo  # noqa: E402
-from .readers import detect_format, read_story  # noqa: E402
-from .tokens import TokenCounter, make_counter  # noqa: E402
+# name → the module (within otaku_ctx) that defines it
+_HOMES = {
+    "add_cards": "cards",
+    "assemble": "assembler",
+    "Assembly": "assembler",
+    "Budget": "build",
+    "build": "build",
+    "Built": "build",
+    "Card": "model",
+    "compile_template": "hbs",
+    "ConfigError": "errors",
+    "ContextOverflow": "errors",
+    "detect_format": "readers",
+    "Format": "formats",
+    "load_format": "formats",
+    "load_settings": "config",
+    "make_counter": "tokens",
+    "Message": "model",
+    "open_story": "build",
+    "OtakuError": "errors",
+    "Part": "assembler",
+    "Pricer": "assembler",
+    "read_card": "cards",
+    "read_story": "readers",
+    "Refusal": "assembler",
+    "Scene": "model",
+    "Settings": "config",
+    "Shape": "assembler",
+    "Story": "model",
+    "StoryError": "errors",
+    "StoryInfo": "model",
+    "Template": "hbs",
+    "TemplateError": "errors",
+    "to_native_lines": "convert",
+    "TokenCounter": "tokens",
+}
 
 __all__ = [
     "Assembly",
@@ -23,6 +55,7 @@ __all__ = [
     "Card",
     "ConfigError",
     "ContextOverflow",
+    "Format",
     "Message",
     "OtakuError",
     "Part",
@@ -34,7 +67,6 @@ __all__ = [
     "Story",
     "StoryError",
     "StoryInfo",
-    "Format",
     "Template",
     "TemplateError",
     "TokenCounter",
@@ -51,3 +83,26 @@ __all__ = [
     "read_story",
     "to_native_lines",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:  # what type checkers and editors see
+    from .assembler import Assembly, Part, Pricer, Refusal, Shape, assemble
+    from .build import Budget, Built, build, open_story
+    from .cards import add_cards, read_card
+    from .config import Settings, load_settings
+    from .convert import to_native_lines
+    from .errors import ConfigError, ContextOverflow, OtakuError, StoryError, TemplateError
+    from .formats import Format, load_format
+    from .hbs import Template, compile_template
+    from .model import Card, Message, Scene, Story, StoryInfo
+    from .readers import detect_format, read_story
+    from .tokens import TokenCounter, make_counter

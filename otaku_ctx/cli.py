@@ -562,15 +562,3 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):
         pass
-
-
-def entry() -> None:  # console script
-    argv = sys.argv[1:]
-    if argv == ["--version"]:  # the one answer that needs nothing but the version
-        sys.stdout.write(f"ctx {__version__}\n")
-        sys.exit(ExitStatus.OK)
-    sys.exit(main(argv))
-
-
-if __name__ == "__main__":
-    entry()

@@ -143,7 +143,7 @@ def _run_process(args: list[str], **kwargs: object) -> subprocess.CompletedProce
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.update(kwargs.pop("env", {}))  # type: ignore[arg-type]
     return subprocess.run(
-        [sys.executable, "-m", "otaku_ctx.cli", *args], capture_output=True, env=env, timeout=60, **kwargs
+        [sys.executable, "-m", "otaku_ctx", *args], capture_output=True, env=env, timeout=60, **kwargs
     )
 
 
@@ -153,7 +153,7 @@ def test_real_process_with_closed_stdout_and_a_non_ascii_locale(tmp_path):
     story.write_text('{"role": "user", "name": "Zoë", "content": "Ça va — ☕?"}\n', encoding="utf-8")
     done = _run_process(["build", str(story)], env={"PYTHONIOENCODING": "ascii"})
     assert done.returncode == 0 and "Ça va — ☕?" in done.stdout.decode("utf-8")
-    shell = f"{sys.executable} -m otaku_ctx.cli build {story} >&-"
+    shell = f"{sys.executable} -m otaku_ctx build {story} >&-"
     closed = subprocess.run(["sh", "-c", shell], capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert closed.returncode == 1 and b"stdout is closed" in closed.stderr
 
