@@ -91,8 +91,9 @@ class Variables:
         """The variables that do not depend on the assembly."""
         story, names, card = self.story, self.names, self.main_card
         cards = self.known_cards
-        users = list(dict.fromkeys([names.user] if names.user else []))
-        users += [m.name for m in story.messages if m.role == "user" and m.name and m.name not in users]
+        # Each persona once: the user first, then every other name the user's rows speak as.
+        speakers = (m.name for m in story.messages if m.role == "user" and m.name)
+        users = list(dict.fromkeys([*([names.user] if names.user else []), *speakers]))
         persona = names.fill(story.info.persona)
         personas = [{"name": u, **({"description": persona} if persona and u == names.user else {})} for u in users]
         fill = names.within(card).fill
