@@ -1,4 +1,4 @@
-"""Shared fixtures: never read the real ~/.otaku; find the shared fixtures beside the repo."""
+"""Shared fixtures: never read the real ~/.otaku; every fixture file lives in tests/fixtures."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO.parent / "shared" / "fixtures"
+FIXTURES = REPO / "tests" / "fixtures"
 CASE3 = REPO / "examples" / "lighthouse-case3.jsonl"
 CASE4 = REPO / "examples" / "lighthouse-case4.jsonl"
 
