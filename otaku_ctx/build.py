@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from .assembler import Assembly, Refusal, Shape, assemble
@@ -15,7 +15,8 @@ from .cards import add_cards, read_card
 from .config import Settings, otaku_home
 from .errors import ConfigError
 from .model import Story
-from .prompt import EMITS, Names, PromptRenderer, PromptSettings, TemplatePricer, Variables, find_format, load_template
+from .names import resolve_names
+from .prompt import EMITS, PromptRenderer, PromptSettings, TemplatePricer, Variables, find_format, load_template
 from .readers import read_story
 from .tokens import TokenCounter, make_counter
 
@@ -89,9 +90,12 @@ def budget_of(story: Story, settings: Settings, count: TokenCounter) -> Budget:
     return Budget(settings["model.window"], settings["context.max_context"], reserve, why)
 
 
-def open_story(path: Path, source_format: str | None = None, cards: Sequence[Path] = ()) -> Story:
-    """Read a story (any supported format) and add each card file as a card message at the start."""
-    story = read_story(path, source_format)
+def open_story(
+    path: Path, source_format: str | None = None, cards: Sequence[Path] = (), conversation: int | None = None
+) -> Story:
+    """Read a story (any supported format; `conversation` picks one of many) and add each card
+    file as a card message at the start."""
+    story = read_story(path, source_format, conversation)
     if cards:
         story = add_cards(story, [read_card(card) for card in cards])
     return story
@@ -103,12 +107,8 @@ def renderer_for(story: Story, settings: Settings, *, emit: str = "text", reserv
         raise ConfigError("--emit", None, f"unknown emit form {emit!r}; expected one of {', '.join(EMITS)}")
     p = settings.values["prompt"]
     home = otaku_home()
-    # --user names the persona outright; the config's `user` only fills in when the story
-    # does not say who the user is.
     flagged = settings.sources["prompt.user"] == "--user"
-    names = Names.of(story, p["user"] if flagged else None)
-    if not names.user and p["user"]:
-        names = replace(names, user=p["user"])
+    names = resolve_names(story, **({"user": p["user"]} if flagged else {"config_user": p["user"]})).names
     variables = Variables(
         story,
         names,

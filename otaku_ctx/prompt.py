@@ -11,7 +11,6 @@ taken on what is actually emitted.
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,9 +25,9 @@ from .errors import ConfigError
 from .formats import Format, builtin_dirs, load_format, render_messages, render_text, stop_sequences, text_pieces
 from .hbs import Template, compile_template
 from .model import Card, Message, Role, Scene, Story
+from .names import Names
 from .tokens import TokenCounter
 
-MACRO = re.compile(r"\{\{(char|user)\}\}", re.IGNORECASE)
 EMITS = ("text", "messages", "openai-chat", "openai-completion")
 # The open turn's `message`: private-use characters around a per-run nonce, which story text
 # (data read from a file) cannot predict.
@@ -38,48 +37,6 @@ OPEN_MARK = f"\ue000open-{secrets.token_hex(8)}\ue001"
 # the reply. That is what `--emit messages` and `--emit openai-chat` are counted by.
 MESSAGE_OVERHEAD = 4
 REPLY_PRIMING = 3
-
-# ── Names and macros ─────────────────────────────────────────────────────────────────────
-
-
-@dataclass(frozen=True)
-class Names:
-    """Who `{{char}}` and `{{user}}` are, and how unnamed speakers are called."""
-
-    char: str = ""
-    user: str = ""
-
-    @classmethod
-    def of(cls, story: Story, user: str | None = None) -> Names:
-        cards = story.cards
-        char = story.info.char or (cards[0].card.name if cards and cards[0].card else "")
-        return cls(char=char, user=user or story.info.user)
-
-    def fill(self, text: str) -> str:
-        """Replace `{{char}}`/`{{user}}` in story data by the names, SillyTavern-style. This is
-        substitution in data, never template compilation; a macro whose name is unknown stays."""
-        if "{{" not in text:
-            return text
-
-        def swap(match: re.Match[str]) -> str:
-            name = self.char if match.group(1).lower() == "char" else self.user
-            return name or match.group(0)
-
-        return MACRO.sub(swap, text)
-
-    def within(self, card: Card | None) -> Names:
-        """The names as a card's own text sees them: there `{{char}}` is that card."""
-        return Names(card.name, self.user) if card else self
-
-    def speaker(self, message: Message) -> str:
-        if message.name:
-            return message.name
-        if message.role == "assistant":
-            return self.char or "Assistant"
-        if message.role == "user":
-            return self.user or "User"
-        return "System"
-
 
 # ── Finding templates and formats ────────────────────────────────────────────────────────
 

@@ -1,0 +1,128 @@
+"""Who `{{char}}` and `{{user}}` are, decided the way SillyTavern decides them, with where
+each name came from (for `inspect`).
+
+    {{char}}  --char, else the first card (a --card card joins first), else the chat header's
+              character (a reader leaves out SillyTavern 1.15's "unused"), else the chat's most
+              frequent non-user speaker
+    {{user}}  --user, else the config's [prompt] user (the persona), else the chat header's
+              user, else the user rows' most frequent name
+
+SillyTavern never reads the names in a chat's header back: `{{char}}` is the card's name and
+`{{user}}` the persona's. The header and the rows are what a chat holds when neither is given.
+`<USER>` and `<BOT>`, SillyTavern's (and TavernAI's) aliases, fill like `{{user}}`/`{{char}}`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from .model import Card, Message, Story
+
+MACRO = re.compile(r"\{\{(char|user)\}\}|<(USER|BOT)>", re.IGNORECASE)
+
+# Where a name came from, as `inspect` says it.
+FROM_CHAR_FLAG = "--char"
+FROM_USER_FLAG = "--user"
+FROM_CONFIG = "config [prompt] user"
+FROM_CARD = "card"
+FROM_HEADER = "story header"
+FROM_SPEAKERS = "most frequent speaker"
+FROM_USER_ROWS = "user rows"
+UNSET = "unset"
+
+
+@dataclass(frozen=True)
+class Names:
+    """Who `{{char}}` and `{{user}}` are, and how unnamed speakers are called."""
+
+    char: str = ""
+    user: str = ""
+
+    @classmethod
+    def of(cls, story: Story, user: str | None = None) -> Names:
+        """The names by the rules above, with `user` as --user (kept for older callers)."""
+        return resolve_names(story, user=user).names
+
+    def fill(self, text: str) -> str:
+        """Replace `{{char}}`/`{{user}}` (and `<BOT>`/`<USER>`) in story data by the names,
+        SillyTavern-style. This is substitution in data, never template compilation; a macro
+        whose name is unknown stays."""
+        if "{{" not in text and "<" not in text:
+            return text
+
+        def swap(match: re.Match[str]) -> str:
+            which = (match.group(1) or match.group(2)).lower()
+            name = self.char if which in ("char", "bot") else self.user
+            return name or match.group(0)
+
+        return MACRO.sub(swap, text)
+
+    def within(self, card: Card | None) -> Names:
+        """The names as a card's own text sees them: there `{{char}}` is that card."""
+        return Names(card.name, self.user) if card else self
+
+    def speaker(self, message: Message) -> str:
+        if message.name:
+            return message.name
+        if message.role == "assistant":
+            return self.char or "Assistant"
+        if message.role == "user":
+            return self.user or "User"
+        return "System"
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """A name and where it came from (one of the FROM_ constants, or UNSET)."""
+
+    name: str
+    source: str
+
+
+@dataclass(frozen=True)
+class ResolvedNames:
+    char: Chosen
+    user: Chosen
+
+    @property
+    def names(self) -> Names:
+        return Names(char=self.char.name, user=self.user.name)
+
+
+def resolve_names(
+    story: Story, *, char: str | None = None, user: str | None = None, config_user: str | None = None
+) -> ResolvedNames:
+    """`{{char}}` and `{{user}}` for this story: `char` is --char, `user` is --user,
+    `config_user` the config's `[prompt] user`; empty values count as not given."""
+    return ResolvedNames(char=_char(story, char), user=_user(story, user, config_user))
+
+
+def _char(story: Story, flag: str | None) -> Chosen:
+    if flag:
+        return Chosen(flag, FROM_CHAR_FLAG)
+    card = next((m.card for m in story.messages if m.card is not None), None)
+    if card is not None:
+        return Chosen(card.name, FROM_CARD)
+    if story.info.char:
+        return Chosen(story.info.char, FROM_HEADER)
+    speaker = _most_frequent(m.name for m in story.messages if m.role != "user" and m.card is None)
+    return Chosen(speaker, FROM_SPEAKERS) if speaker else Chosen("", UNSET)
+
+
+def _user(story: Story, flag: str | None, config: str | None) -> Chosen:
+    if flag:
+        return Chosen(flag, FROM_USER_FLAG)
+    if config:
+        return Chosen(config, FROM_CONFIG)
+    if story.info.user:
+        return Chosen(story.info.user, FROM_HEADER)
+    name = _most_frequent(m.name for m in story.messages if m.role == "user")
+    return Chosen(name, FROM_USER_ROWS) if name else Chosen("", UNSET)
+
+
+def _most_frequent(names: object) -> str:
+    """The name met most often (the first met among equals); "" when there is none."""
+    counts = Counter(name for name in names if name)  # type: ignore[attr-defined]
+    return max(counts, key=counts.__getitem__) if counts else ""
