@@ -353,7 +353,9 @@ def test_otaku_card_profile_not_toml(tmp_path: Path) -> None:
 
 def test_otaku_card_not_in_the_cast(tmp_path: Path) -> None:
     text = TOUR.read_text(encoding="utf-8")
-    text = text.replace("### 1 · user (card) · Odalric Vane\n/card vane.json", "### 1 · user (card) · Ghost\n/card ghost.json")
+    text = text.replace(
+        "### 1 · user (card) · Odalric Vane\n/card vane.json", "### 1 · user (card) · Ghost\n/card ghost.json"
+    )
     path = write(tmp_path / "tour.md", text)
     error = raises_story_error(path, line=text.splitlines().index("/card ghost.json") + 1)
     assert "/card ghost.json names no card profile in the Cast" in error.message
