@@ -1,9 +1,10 @@
 """Who `{{char}}` and `{{user}}` are, decided the way SillyTavern decides them, with where
 each name came from (for `inspect`).
 
-    {{char}}  --char, else the first card (a --card card joins first), else the chat header's
-              character (a reader leaves out SillyTavern 1.15's "unused"), else the chat's most
-              frequent non-user speaker
+    {{char}}  --char, else the story's own `char` (a native or otaku story saying who it is),
+              else the first card (a --card card joins first), else a SillyTavern chat header's
+              character (the reader leaves out 1.15's "unused"), else the chat's most frequent
+              non-user speaker
     {{user}}  --user, else the config's [prompt] user (the persona), else the chat header's
               user, else the user rows' most frequent name
 
@@ -27,7 +28,8 @@ FROM_CHAR_FLAG = "--char"
 FROM_USER_FLAG = "--user"
 FROM_CONFIG = "config [prompt] user"
 FROM_CARD = "card"
-FROM_HEADER = "story header"
+FROM_HEADER = "chat header"
+FROM_STORY = "story"
 FROM_SPEAKERS = "most frequent speaker"
 FROM_USER_ROWS = "user rows"
 UNSET = "unset"
@@ -102,6 +104,9 @@ def resolve_names(
 def _char(story: Story, flag: str | None) -> Chosen:
     if flag:
         return Chosen(flag, FROM_CHAR_FLAG)
+    weak = story.source_format == "sillytavern"  # SillyTavern never reads its header back
+    if story.info.char and not weak:
+        return Chosen(story.info.char, FROM_STORY)
     card = next((m.card for m in story.messages if m.card is not None), None)
     if card is not None:
         return Chosen(card.name, FROM_CARD)
@@ -117,7 +122,7 @@ def _user(story: Story, flag: str | None, config: str | None) -> Chosen:
     if config:
         return Chosen(config, FROM_CONFIG)
     if story.info.user:
-        return Chosen(story.info.user, FROM_HEADER)
+        return Chosen(story.info.user, FROM_HEADER if story.source_format == "sillytavern" else FROM_STORY)
     name = _most_frequent(m.name for m in story.messages if m.role == "user")
     return Chosen(name, FROM_USER_ROWS) if name else Chosen("", UNSET)
 

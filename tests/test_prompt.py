@@ -286,11 +286,12 @@ def test_sillytavern_template_does_not_repeat_the_main_card():
     assert prompt.count("Ilya keeps the lamp") == 1
 
 
-def test_user_flag_wins_config_user_only_fills_in(tmp_path):
+def test_user_flag_wins_then_the_config_persona_then_the_story(tmp_path):
     s = chat_story()
     told = Story(path=s.path, messages=s.messages, system=s.system, info=StoryInfo(user="Wren"))
     config = load_settings(overrides={"prompt.user": ("Robin", str(tmp_path / "config.toml"))})
     flag = load_settings(overrides={"prompt.user": ("Robin", "--user")})
     assert build(s, config).prompt.startswith("Narrate for Robin.")  # the story does not say
-    assert build(told, config).prompt.startswith("Narrate for Wren.")  # the story says
+    assert build(told, config).prompt.startswith("Narrate for Robin.")  # the persona, as in SillyTavern
+    assert build(told, load_settings()).prompt.startswith("Narrate for Wren.")  # only the story says
     assert build(told, flag).prompt.startswith("Narrate for Robin.")  # the flag says

@@ -56,7 +56,9 @@ def test_names_come_from_where_sillytavern_takes_them():
 def test_header_names_count_when_real():
     story = read_story(FIXTURES / "sillytavern" / "seraphina-chat.jsonl")
     resolved = resolve_names(story)
-    assert (resolved.char.source, resolved.user.source) == ("story header", "story header")
+    assert (resolved.char.source, resolved.user.source) == ("chat header", "chat header")
+    carded = resolve_names(open_story(FIXTURES / "sillytavern" / "seraphina-chat.jsonl", cards=[CARD]))
+    assert carded.char.source == "card"
 
 
 def test_narrator_row_is_a_system_message():
