@@ -18,7 +18,7 @@ from .emit import EMITS, PromptRenderer
 from .errors import ConfigError, UsageError
 from .lookup import find_format, load_template
 from .model import Story
-from .names import Names
+from .names import ResolvedNames, resolve_names
 from .pricing import TemplatePricer
 from .readers import read_story
 from .tokens import TokenCounter, make_counter
@@ -81,9 +81,12 @@ def budget_of(story: Story, settings: Settings, count: TokenCounter) -> Budget:
     return Budget(settings.model.window, settings.context.max_context, reserve, why)
 
 
-def open_story(path: Path, source_format: str | None = None, cards: Sequence[Path] = ()) -> Story:
-    """Read a story (any supported format) and add each card file as a card message at the start."""
-    story = read_story(path, source_format)
+def open_story(
+    path: Path, source_format: str | None = None, cards: Sequence[Path] = (), conversation: int | None = None
+) -> Story:
+    """Read a story (any supported format; `conversation` picks one of many) and add each card
+    file as a card message at the start."""
+    story = read_story(path, source_format, conversation)
     if cards:
         story = add_cards(story, [read_card(card) for card in cards])
     return story
@@ -95,13 +98,19 @@ def renderer_for(story: Story, settings: Settings, *, emit: str = "text", reserv
         raise UsageError("--emit", None, f"unknown emit form {emit!r}; expected one of {', '.join(EMITS)}")
     p = settings.prompt
     home = otaku_home()
-    names = Names.of(story, p.user or None)
-    variables = Variables(story, names, p)
+    variables = Variables(story, names_for(story, settings).names, p)
     with _usage_if_unknown(settings, "prompt.template", p.template):
         template = load_template(p.template, home)
     with _usage_if_unknown(settings, "prompt.format", p.format):
         format = find_format(p.format, home)
     return PromptRenderer(variables, template, format, emit, reserve)
+
+
+def names_for(story: Story, settings: Settings) -> ResolvedNames:
+    """`{{char}}` and `{{user}}`, SillyTavern's way, each with where it came from."""
+    p = settings.prompt
+    user = {"user": p.user} if "prompt.user" in settings.given else {"config_user": p.user}
+    return resolve_names(story, char=p.char or None, **user)
 
 
 @contextmanager

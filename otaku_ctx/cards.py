@@ -64,6 +64,10 @@ def card_from_json(path: Path | str, obj: Any) -> Card:
     if not isinstance(obj, dict):
         raise StoryError(path, None, f"a character card is a JSON object, not {type(obj).__name__}")
     spec = obj.get("spec")
+    if isinstance(obj.get("entries"), (dict, list)) and "name" not in obj and spec is None:
+        raise StoryError(
+            path, None, "is a World Info lorebook, not a character card; --card takes a Tavern card (JSON or PNG)"
+        )
     if spec is None:
         fields = dict(obj)
         if not fields.get("creator_notes"):

@@ -122,6 +122,8 @@ class SourceFormat(StrEnum):
     openai = "openai"
     sillytavern = "sillytavern"
     otaku = "otaku"
+    sharegpt = "sharegpt"
+    finetune = "finetune"
 
 
 class TokenizerName(StrEnum):
@@ -140,67 +142,47 @@ From = Annotated[
 Cards = Annotated[
     list[Path] | None, typer.Option("--card", metavar="FILE", help="Add a character card (JSON or PNG); repeatable.")
 ]
-Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks.")]
 Force = Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the same facts as JSON.")]
 
 # The options that shape a prompt, shared by every command that builds one: the parameter
 # name, its type, and the setting it overrides (None: not a setting).
-PROMPT_OPTIONS: list[tuple[str, Any, str | None]] = [
-    ("emit", Annotated[Emit, typer.Option("--emit", help="What to print.")], None),
-    ("source_format", From, None),
-    ("card", Cards, None),
-    (
-        "template",
-        Annotated[str | None, typer.Option(metavar="NAME|FILE", help="Context template: a name or a .hbs file.")],
-        "prompt.template",
-    ),  # noqa: E501
-    (
-        "format",
-        Annotated[
-            str | None,
-            typer.Option(metavar="NAME|FILE", help="Prompt format: a name, a .toml, or a SillyTavern preset .json."),
-        ],
-        "prompt.format",
-    ),  # noqa: E501
-    (
-        "user",
-        Annotated[str | None, typer.Option(metavar="NAME", help="The user's persona name ({{user}}).")],
-        "prompt.user",
-    ),  # noqa: E501
-    ("config", ConfigPath, None),
-    (
-        "window",
-        Annotated[int | None, typer.Option(metavar="TOKENS", help="The model's window in tokens.")],
-        "model.window",
-    ),  # noqa: E501
-    (
-        "max_context",
-        Annotated[int | None, typer.Option(metavar="TOKENS", help="Use at most this many tokens (0 = the window).")],
-        "context.max_context",
-    ),  # noqa: E501
-    (
-        "head",
-        Annotated[int | None, typer.Option(metavar="N", help="Opening messages kept verbatim.")],
-        "context.head_messages",
-    ),  # noqa: E501
-    (
-        "tail",
-        Annotated[int | None, typer.Option(metavar="N", help="At least this many recent messages kept verbatim.")],
-        "context.min_tail_messages",
-    ),  # noqa: E501
-    (
-        "reserve",
-        Annotated[str | None, typer.Option(metavar="TOKENS|auto", help='Tokens kept free for the reply, or "auto".')],
-        "context.reply_reserve",
-    ),  # noqa: E501
-    (
-        "tokenizer",
-        Annotated[TokenizerName | None, typer.Option(help="cl100k_base (exact) or estimate (len/4).")],
-        "model.tokenizer",
-    ),  # noqa: E501
-    ("debug", Debug, None),
+PROMPT_OPTIONS: list[tuple[str, Any, str | None]] = []
+
+
+def _shared(name: str, kind: Any, setting: str | None = None, **option: Any) -> None:
+    typed = kind if option.get("help") is None else Annotated[kind, typer.Option(**option)]
+    PROMPT_OPTIONS.append((name, typed, setting))
+
+
+Conversation = Annotated[
+    int | None,
+    typer.Option(min=1, metavar="N", help="Which conversation of a ShareGPT or fine-tuning file (1 = the first)."),
 ]
+Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks.")]
+
+_shared("emit", Emit, help="What to print.")
+_shared("source_format", From)
+_shared("card", Cards)
+_shared("conversation", Conversation)
+_shared("template", str | None, "prompt.template", metavar="NAME|FILE", help="Context template: a name or a .hbs file.")
+_shared(
+    "format",
+    str | None,
+    "prompt.format",
+    metavar="NAME|FILE",
+    help="Prompt format: a name, a .toml, or a preset .json.",
+)
+_shared("user", str | None, "prompt.user", metavar="NAME", help="The user's persona name ({{user}}).")
+_shared("char", str | None, "prompt.char", metavar="NAME", help="The character's name ({{char}}).")
+_shared("config", ConfigPath)
+_shared("window", int | None, "model.window", metavar="TOKENS", help="The model's window in tokens.")
+_shared("max_context", int | None, "context.max_context", metavar="TOKENS", help="Use at most this many tokens.")
+_shared("head", int | None, "context.head_messages", metavar="N", help="Opening messages kept verbatim.")
+_shared("tail", int | None, "context.min_tail_messages", metavar="N", help="Recent messages kept verbatim, at least.")
+_shared("reserve", str | None, "context.reply_reserve", metavar="TOKENS|auto", help="Tokens kept free for the reply.")
+_shared("tokenizer", TokenizerName | None, "model.tokenizer", help="cl100k_base (exact) or estimate (len/4).")
+_shared("debug", Debug)
 _DEFAULTS: dict[str, Any] = {"emit": Emit.text, "debug": False}
 
 
@@ -211,6 +193,7 @@ class Request:
     story: Path
     source_format: str | None
     cards: tuple[Path, ...]
+    conversation: int | None
     emit: str
     config: Path | None
     overrides: dict[str, tuple[Any, str]]
@@ -222,15 +205,18 @@ class Request:
         """Every file this command reads: what an output must never replace."""
         return [self.story, *self.cards, *([self.config] if self.config else [])]
 
-    def run(self) -> tuple[Any, int]:
-        """Read the story and build it: (the `Built` result, the number of hidden messages)."""
+    def run(self) -> tuple[Any, Any]:
+        """Read the story and build it: (the `Built` result, the `Story`). What the reader
+        chose for the user (which conversation of many) is said on stderr."""
         from .build import build, open_story
         from .files import as_regular_file
 
         settings = self.settings()
         with as_regular_file(self.story, terminal().stdin) as path:
-            story = open_story(path, self.source_format, self.cards)
-        return build(story, settings, emit=self.emit), story.hidden
+            story = open_story(path, self.source_format, self.cards, self.conversation)
+        for note in story.notes:
+            terminal().say(f"ctx: {note}")
+        return build(story, settings, emit=self.emit), story
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -259,6 +245,7 @@ def prompt_options(command: F) -> F:
             story=given["story"],
             source_format=source.value if source else None,
             cards=tuple(options["card"] or ()),
+            conversation=options["conversation"],
             emit=options["emit"].value,
             config=options["config"].expanduser() if options["config"] else None,
             overrides=overrides,
@@ -331,10 +318,11 @@ def inspect_cmd(
     as_json: AsJson = False,
 ) -> None:
     """Show which case STORY's prompt is, its sections and its budget."""
+    from .build import names_for
     from .report import facts
 
-    built, hidden = request.run()
-    data = facts(built, hidden)
+    built, story = request.run()
+    data = facts(built, story.hidden, names_for(story, request.settings()))
     if as_json:
         write_stdout(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
     else:
@@ -346,14 +334,20 @@ def inspect_cmd(
 
 
 @app.command("validate", short_help="Report every problem of STORY at once.")
-def validate_cmd(story: StoryArg, source_format: From = None, config: ConfigPath = None, debug: Debug = False) -> None:
+def validate_cmd(
+    story: StoryArg,
+    source_format: From = None,
+    conversation: Conversation = None,
+    config: ConfigPath = None,
+    debug: Debug = False,
+) -> None:
     """Report every problem of STORY at once; exit 1 when any is an error."""
     from .files import as_regular_file
     from .readers import check_story
 
     settings_from(config)  # a bad --config is reported like everywhere else
     with as_regular_file(story, terminal().stdin) as path:
-        kind, problems = check_story(path, source_format.value if source_format else None)
+        kind, problems = check_story(path, source_format.value if source_format else None, conversation)
     shown = "<stdin>" if str(story) == "-" else str(story)
     for p in problems:
         terminal().say(
@@ -371,6 +365,7 @@ def convert_cmd(
     output: Annotated[str, typer.Option("-o", "--output", metavar="FILE", help="The native JSONL file to write.")],
     source_format: From = None,
     card: Cards = None,
+    conversation: Conversation = None,
     force: Force = False,
     config: ConfigPath = None,
     debug: Debug = False,
@@ -387,7 +382,9 @@ def convert_cmd(
     if target and output != "-" and target.is_file() and not force:
         raise ConfigError(output, None, "already exists; pass --force to overwrite it")
     with as_regular_file(story, terminal().stdin) as path:
-        converted = open_story(path, source_format.value if source_format else None, cards)
+        converted = open_story(path, source_format.value if source_format else None, cards, conversation)
+    for note in converted.notes:
+        terminal().say(f"ctx: {note}")
     write_output(target, to_native_text(converted), [story, *cards], stdout_of(terminal()))
     terminal().say(f"wrote {output}: {len(converted)} messages, {len(converted.scenes)} scenes")
 

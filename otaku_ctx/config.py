@@ -69,7 +69,10 @@ class PromptSettings:
     instructions: str = setting("", "instructions for {{instructions}} when the story has none", "text")
     post_history_instructions: str = setting("", "the reminder's instructions (postHistory.instructions)", "text")
     card_template: str = setting(DEFAULT_CARD_TEMPLATE, "how a card message reads (Handlebars)", "text")
-    user: str = setting("", "the user's persona name when the story does not say", "text")
+    user: str = setting("", "the user's persona name ({{user}}); empty: the story's, else its user rows'", "text")
+    char: str = setting(
+        "", "the character's name ({{char}}); empty: the story's, its card's, or its main speaker", "text"
+    )
 
 
 @dataclass(frozen=True)

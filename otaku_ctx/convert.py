@@ -3,7 +3,8 @@
 The output holds, in this order: one `{"type": "story", ...}` line with the non-empty
 StoryInfo fields (`cast` as a list of card objects), the system message as one leading
 `{"role": "system"}` line, every message in order (a card message as a `{"type": "card"}`
-line with its non-empty fields), then the scenes. Reading it back gives the same Story but
+line with its non-empty fields), then the scenes, then the lore (`{"type": "lore"}`, one per
+character and scene). Reading it back gives the same Story but
 for what the native format does not hold: source line numbers, `hidden` and
 `source_format`.
 
@@ -19,7 +20,7 @@ from dataclasses import fields
 from typing import Any
 
 from .errors import StoryError
-from .model import Card, Message, Scene, Story, StoryInfo
+from .model import Card, Lore, Message, Scene, Story, StoryInfo
 
 
 def to_native_lines(story: Story) -> list[str]:
@@ -40,6 +41,7 @@ def to_native_lines(story: Story) -> list[str]:
         records.append({"role": "system", "content": story.system})
     records.extend(_message_record(m) for m in story.messages)
     records.extend(_scene_record(s) for s in story.scenes)
+    records.extend(_lore_record(entry) for entry in story.lore)
     return [json.dumps(record, ensure_ascii=False) for record in records]
 
 
@@ -90,3 +92,7 @@ def _scene_record(scene: Scene) -> dict[str, Any]:
         if getattr(scene, key):
             record[key] = getattr(scene, key)
     return record
+
+
+def _lore_record(lore: Lore) -> dict[str, Any]:
+    return {"type": "lore", **_non_empty(lore, {"line"})}

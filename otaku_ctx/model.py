@@ -24,6 +24,7 @@ class Card:
     post_history_instructions: str = ""
     creator_notes: str = ""
     tags: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()  # other names the story calls the character by (lore keys)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,19 @@ class Scene:
 
 
 @dataclass(frozen=True)
+class Lore:
+    """What one character knows or is at the end of one scene (otaku's per-scene journals):
+    `state` where they stand, `history` their story so far, `entry` the scene as they tell it."""
+
+    name: str
+    scene: int | str | None = None  # the scene's ref (its id, else its order)
+    state: str = ""
+    history: str = ""
+    entry: str = ""
+    line: int | None = None
+
+
+@dataclass(frozen=True)
 class StoryInfo:
     """What a story says about itself, beyond messages: fills template variables."""
 
@@ -89,6 +103,8 @@ class Story:
     scenes: tuple[Scene, ...] = ()
     system: str = ""
     info: StoryInfo = field(default_factory=StoryInfo)
+    lore: tuple[Lore, ...] = ()
+    notes: tuple[str, ...] = ()  # what the reader chose that the user should hear of (stderr)
     hidden: int = 0  # source rows that never reach the prompt (e.g. SillyTavern hidden messages)
     source_format: str = "native"
 

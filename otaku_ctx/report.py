@@ -30,6 +30,7 @@ from .assembler import (
 )
 from .build import Budget, Built
 from .model import Message
+from .names import ResolvedNames
 
 # ── Sentences ────────────────────────────────────────────────────────────────────────────
 
@@ -178,8 +179,9 @@ def _trace(step: Step) -> dict[str, Any]:
     return {"step": type(step).__name__, **data}
 
 
-def facts(built: Built, story_hidden: int = 0) -> dict[str, Any]:
-    """Everything `inspect` knows, JSON-ready. Scene ids are the scene's `id`, else its order."""
+def facts(built: Built, story_hidden: int = 0, names: ResolvedNames | None = None) -> dict[str, Any]:
+    """Everything `inspect` knows, JSON-ready. Scene ids are the scene's `id`, else its order;
+    `names` says who {{char}} and {{user}} are and where each name came from."""
     a: Assembly = built.assembly
     history = a.history
     data: dict[str, Any] = {
@@ -193,6 +195,7 @@ def facts(built: Built, story_hidden: int = 0) -> dict[str, Any]:
         "reserve": built.budget.reserve,
         "reserve_source": built.budget.reserve_source,
         "tokenizer": built.tokenizer,
+        "names": {"char": asdict(names.char), "user": asdict(names.user)} if names else None,
         "head": _range(a.head),
         "summaries": [s.ref for s in a.summaries],
         "history": {"through_scene": history.ref} if history else None,

@@ -136,7 +136,7 @@ class Variables:
         """The last `chatMessages` entry: the turn the model continues ("Name: ")."""
         story = self.story
         last = next((m.name for m in reversed(story.messages) if m.role == "assistant" and m.name), None)
-        speaker = story.info.char or last or self.names.char or "Assistant"
+        speaker = self.names.char or last or "Assistant"
         # Its `message` is a mark no story text can hold: where the template prints it is how
         # the renderer knows which block the model continues (the mark itself prints nothing).
         return {"role": "assistant", "name": speaker, "message": OPEN_MARK, "kind": "open", "number": None,

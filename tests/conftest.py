@@ -1,4 +1,5 @@
-"""Shared fixtures: never read the real ~/.otaku; example paths; the Hypothesis profiles."""
+"""Shared fixtures: never read the real ~/.otaku; every fixture file lives in tests/fixtures;
+example paths; the Hypothesis profiles."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ settings.register_profile("ci", max_examples=250, deadline=None, suppress_health
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "default"))
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO.parent / "shared" / "fixtures"
+FIXTURES = REPO / "tests" / "fixtures"
 CASE3 = REPO / "examples" / "lighthouse-case3.jsonl"
 CASE4 = REPO / "examples" / "lighthouse-case4.jsonl"
 EXAMPLES = (CASE3, CASE4)

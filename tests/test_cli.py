@@ -414,14 +414,14 @@ IHDR = (b"IHDR", bytes.fromhex("0000000100000001080600000000"))
 def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str | Path], str]]:
     chat = (FIXTURES / "sillytavern" / "seraphina-chat.jsonl").read_text(encoding="utf-8").splitlines()
     river = (FIXTURES / "otaku" / "river.md").read_text(encoding="utf-8")
-    swipe = json.loads(chat[3])
-    swipe["swipe_id"] = 7
+    stringly = json.loads(chat[2])
+    stringly["is_user"] = "true"
     files = {
         "no-card.png": _png([IHDR, (b"IEND", b"")]),
         "bad-base64.png": _png([IHDR, (b"tEXt", b"chara\x00!!!not base64!!!"), (b"IEND", b"")]),
         "truncated.png": (FIXTURES / "sillytavern" / "seraphina-card.png").read_bytes()[:5000],
-        "no-header.jsonl": "\n".join(chat[1:]).encode(),
-        "swipe.jsonl": "\n".join([*chat[:3], json.dumps(swipe), *chat[4:]]).encode(),
+        "is-user-text.jsonl": "\n".join([*chat[:2], json.dumps(stringly), *chat[3:]]).encode(),
+        "river-range.md": river.replace("- **Messages:** 1-6", "- **Messages:** 0-1").encode(),
         "river-v9.md": river.replace("format-version: 3", "format-version: 9").encode(),
         "mystery.txt": b"Once upon a time there was no format at all.\n",
     }
@@ -432,8 +432,8 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str | Path], str]]:
         "png without a card chunk": (["build", story, "--card", tmp_path / "no-card.png"], "no-card.png"),
         "corrupt base64": (["build", story, "--card", tmp_path / "bad-base64.png"], "bad-base64.png"),
         "truncated png": (["build", story, "--card", tmp_path / "truncated.png"], "truncated.png"),
-        "sillytavern header missing": (["build", tmp_path / "no-header.jsonl"], "no-header.jsonl:1"),
-        "swipe_id out of range": (["build", tmp_path / "swipe.jsonl"], "swipe.jsonl:4"),
+        "is_user as text": (["build", tmp_path / "is-user-text.jsonl"], "is-user-text.jsonl:3"),
+        "otaku scene from message 0": (["build", tmp_path / "river-range.md"], "river-range.md:28"),
         "otaku unknown version": (["build", tmp_path / "river-v9.md"], "river-v9.md"),
         "no reader matches": (["build", tmp_path / "mystery.txt"], "mystery.txt"),
     }
@@ -445,8 +445,8 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str | Path], str]]:
         "png without a card chunk",
         "corrupt base64",
         "truncated png",
-        "sillytavern header missing",
-        "swipe_id out of range",
+        "is_user as text",
+        "otaku scene from message 0",
         "otaku unknown version",
         "no reader matches",
     ],

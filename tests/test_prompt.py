@@ -41,7 +41,7 @@ def chat_story(n: int = 8) -> Story:
 
 
 def test_serene_template_is_the_seed_verbatim():
-    seed = (REPO.parent / "shared" / "seeds" / "000_add0020f27f48771.txt").read_text(encoding="utf-8")
+    seed = (FIXTURES / "serene-pub-context-configs.txt").read_text(encoding="utf-8")
     template = (REPO / "configs" / "templates" / "serene.hbs").read_text(encoding="utf-8")
     assert template.strip() in seed
 

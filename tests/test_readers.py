@@ -15,6 +15,8 @@ OPENAI = FIXTURES / "openai-messages.jsonl"
 CHAT = FIXTURES / "sillytavern" / "seraphina-chat.jsonl"
 CARD_PNG = FIXTURES / "sillytavern" / "seraphina-card.png"
 RIVER = FIXTURES / "otaku" / "river.md"
+TOUR = FIXTURES / "otaku" / "tour.md"
+ST_VARIANTS = FIXTURES / "sillytavern" / "variants"
 
 
 def write(path: Path, text: str) -> Path:
@@ -169,20 +171,38 @@ def test_sillytavern_selected_swipe_is_the_text() -> None:
     assert story.message(3).line == 4
 
 
-def test_sillytavern_header_missing(tmp_path: Path) -> None:
-    rows = CHAT.read_text(encoding="utf-8").splitlines(keepends=True)
-    path = write(tmp_path / "chat.jsonl", "".join(rows[1:]))
-    error = raises_story_error(path, line=1)
-    assert "expected a SillyTavern header line with user_name and character_name" in error.message
+def test_sillytavern_headerless_group_chat_reads() -> None:
+    story = read_story(ST_VARIANTS / "group-headerless.jsonl")
+    assert story.source_format == "sillytavern" and len(story) == 4
+    assert (story.info.user, story.info.char) == ("", "")
+    assert [m.name for m in story.messages] == ["Wren", "Alder", "Mira", "Alder"]
 
 
-def test_sillytavern_swipe_id_out_of_range(tmp_path: Path) -> None:
+def test_sillytavern_metadata_only_header() -> None:
+    story = read_story(ST_VARIANTS / "group-metadata-header.jsonl")
+    assert len(story) == 2 and story.info.scenario == "A storm over the lighthouse."
+
+
+def test_sillytavern_115_chat() -> None:
+    story = read_story(ST_VARIANTS / "st115-unused.jsonl")
+    assert (story.info.user, story.info.char) == ("", "")  # "unused" is no name
+    assert story.hidden == 2  # the is_system row and the tool-invocation row
+    narrator = story.message(4)
+    assert (narrator.role, narrator.name, narrator.content) == ("system", None, "The wind rises over the glade.")
+    # swipe_id 2 of 2 swipes: a swipe still generating, so SillyTavern sends `mes`
+    assert story.messages[-1].content == '*She steadies you.* "Slowly."'
+    text = "\n".join(m.content for m in story.messages)
+    for never in ("REASONING", "DISPLAY-TEXT", "TOOL-RESULT", "HIDDEN", "Tool calls"):
+        assert never not in text
+
+
+def test_sillytavern_is_user_as_text_is_an_error(tmp_path: Path) -> None:
     rows = CHAT.read_text(encoding="utf-8").splitlines()
-    row = json.loads(rows[3])
-    row["swipe_id"] = 2
-    rows[3] = json.dumps(row, ensure_ascii=False)
-    error = raises_story_error(write(tmp_path / "chat.jsonl", "\n".join(rows) + "\n"), line=4)
-    assert "swipe_id 2" in error.message and "2 swipes" in error.message
+    row = json.loads(rows[2])
+    row["is_user"] = "true"
+    rows[2] = json.dumps(row)
+    error = raises_story_error(write(tmp_path / "chat.jsonl", "\n".join(rows) + "\n"), line=3)
+    assert '"is_user" must be true or false' in error.message
 
 
 # -- otaku exports -------------------------------------------------------------------------
@@ -198,7 +218,7 @@ def test_otaku_export_river() -> None:
     assert story.info.story_so_far.startswith("The traveling cartographer Maren came down")
     assert [c.name for c in story.info.cast] == ["Maren", "Tallis"]
     assert story.info.cast[1].description.startswith("ferryman of the vanished river")
-    assert "aka the ferryman" in story.info.cast[1].description
+    assert story.info.cast[1].aliases == ("the ferryman",)
     assert story.info.user == "Maren"
 
 
@@ -269,14 +289,14 @@ They arrive.
 ### 1 · user · Ines
 I knock.
 
-### 2 · card · Alder
+### 2 · user (card) · Alder
 The lighthouse keeper, gone missing.
 
 ### 3 · assistant · Alder · "{{body}}\\n(The lamp turns.)"
 Come in.
 
 ```
-### 4 · user · not a heading
+\\### 4 · user · not a heading
 ```
 """
 
@@ -291,6 +311,60 @@ def test_otaku_card_messages_and_fences(tmp_path: Path) -> None:
     assert story.message(3).content == ("Come in.\n\n```\n### 4 · user · not a heading\n```\n(The lamp turns.)")
     assert story.scenes[0].summary == "They arrive." and story.scenes[0].history == ""
     assert story.system == "" and story.info.cast == ()
+
+
+def test_otaku_unclosed_fence_is_an_error_at_the_fence(tmp_path: Path) -> None:
+    text = SMALL_EXPORT.format(end=3).replace("\\### 4", "### 4")
+    path = write(tmp_path / "small.md", text)
+    fence = text.splitlines().index("```") + 1
+    error = raises_story_error(path, line=fence)
+    assert "fence is still open" in error.message
+
+
+def test_otaku_scene_from_message_zero(tmp_path: Path) -> None:
+    text = SMALL_EXPORT.format(end=3).replace("1-3", "0-1")
+    error = raises_story_error(write(tmp_path / "small.md", text), line=10)
+    assert "numbered from 1" in error.message
+
+
+def test_otaku_tour_cards_aliases_and_lore() -> None:
+    story = read_story(TOUR)
+    assert len(story) == 318 and len(story.scenes) == 15
+    vane = story.message(1)
+    assert vane.card is not None and vane.card.name == "Odalric Vane"
+    assert vane.card.personality.startswith("Grand, warm, evasive about money")
+    assert vane.card.example_dialogue.startswith("{{user}}: The ledger says")
+    assert story.message(5).name == "Bell Harrow" and story.info.user == "Bell Harrow"
+    harrow = next(c for c in story.info.cast if c.name == "Bell Harrow")
+    assert harrow.aliases == ("Harrow", "Madam Stage Manager", "Bell")
+    assert "Odalric Vane" not in {c.name for c in story.info.cast}  # it joined as a card message
+    first = [entry for entry in story.lore if entry.scene == 1]
+    assert first[0].name == "Bell Harrow" and first[0].history.startswith("Came in out of the rain")
+    assert all("**Entry:**" not in entry.history for entry in story.lore)
+
+
+def test_otaku_card_profile_not_toml(tmp_path: Path) -> None:
+    text = TOUR.read_text(encoding="utf-8").replace("file_name = 'vane.json'", "file_name = vane.json", 1)
+    path = write(tmp_path / "tour.md", text)
+    line = text.splitlines().index("file_name = vane.json") + 1
+    error = raises_story_error(path, line=line)
+    assert "not valid TOML" in error.message and "Odalric Vane" in error.message
+
+
+def test_otaku_card_not_in_the_cast(tmp_path: Path) -> None:
+    text = TOUR.read_text(encoding="utf-8")
+    text = text.replace(
+        "### 1 · user (card) · Odalric Vane\n/card vane.json", "### 1 · user (card) · Ghost\n/card ghost.json"
+    )
+    path = write(tmp_path / "tour.md", text)
+    error = raises_story_error(path, line=text.splitlines().index("/card ghost.json") + 1)
+    assert "/card ghost.json names no card profile in the Cast" in error.message
+
+
+def test_otaku_truncated_export(tmp_path: Path) -> None:
+    text = RIVER.read_text(encoding="utf-8")
+    error = raises_story_error(write(tmp_path / "river.md", text[: text.index("## Messages") + 5]))
+    assert "Messages" in error.message
 
 
 def test_otaku_scene_beyond_the_messages(tmp_path: Path) -> None:

@@ -8,6 +8,12 @@ the first bytes (and, for JSON lines, the first record). `source_format` overrid
                  file of messages only)
     sillytavern  a SillyTavern chat JSONL: a header line, then one row per message
     otaku        an otaku Markdown story export (format-version 3)
+    sharegpt     ShareGPT conversations ({"conversations": [{"from", "value"}]})
+    finetune     OpenAI fine-tuning JSONL ({"messages": [...]} a line)
+
+Files that are something else get an error naming what they are: a character card, a World
+Info lorebook, or a chat from another tool (oobabooga, Character.AI exports) that SillyTavern
+converts on import.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from ..errors import StoryError
 from ..files import reading
 from ..model import Story
 from .native import Problem, check_native, read_native
+from .neighbours import read_finetune, read_sharegpt
 from .openai import read_openai
 from .otaku import read_otaku
 from .sillytavern import read_sillytavern
@@ -30,28 +37,39 @@ READERS: dict[str, Callable[[Path], Story]] = {
     "openai": read_openai,
     "sillytavern": read_sillytavern,
     "otaku": read_otaku,
+    "sharegpt": read_sharegpt,
+    "finetune": read_finetune,
 }
+MANY = ("sharegpt", "finetune")  # the formats holding many conversations (--conversation N)
 
 EXPECTED = (
     "expected native story JSONL, an OpenAI messages file (JSONL or one JSON array), "
-    "a SillyTavern chat JSONL, or an otaku Markdown export (format-version 3)"
+    "a SillyTavern chat JSONL, an otaku Markdown export (format-version 3), ShareGPT, "
+    "or OpenAI fine-tuning JSONL"
 )
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SNIFF_BYTES = 64 * 1024
 
 
-def read_story(path: Path | str, source_format: str | None = None) -> Story:
-    """Read a story file; `source_format` overrides detection by content."""
+def read_story(path: Path | str, source_format: str | None = None, conversation: int | None = None) -> Story:
+    """Read a story file; `source_format` overrides detection by content; `conversation`
+    (1-based) picks one conversation of a file that holds many."""
     path = Path(path)
     name = source_format or detect_format(path)
     reader = READERS.get(name)
     if reader is None:
         raise StoryError(path, None, f"unknown story format {name!r}; expected one of {', '.join(READERS)}")
+    if name in MANY:
+        return reader(path, conversation)  # type: ignore[call-arg]
+    if conversation is not None:
+        raise StoryError(path, None, f"is a {name} story, which holds one conversation; leave out --conversation")
     return reader(path)
 
 
-def check_story(path: Path | str, source_format: str | None = None) -> tuple[str, list[Problem]]:
+def check_story(
+    path: Path | str, source_format: str | None = None, conversation: int | None = None
+) -> tuple[str, list[Problem]]:
     """The story's format and its problems: every one for a native file (its reader collects
     them), the first for the others (their readers stop there)."""
     path = Path(path)
@@ -59,7 +77,7 @@ def check_story(path: Path | str, source_format: str | None = None) -> tuple[str
     if kind == "native":
         return kind, check_native(path)[1]
     try:
-        read_story(path, kind)
+        read_story(path, kind, conversation)
     except StoryError as exc:
         return kind, [Problem(exc.line, exc.message)]
     return kind, []
@@ -76,7 +94,7 @@ def detect_format(path: Path | str) -> str:
     if not start:
         return "native"  # the native reader says what an empty story lacks
     if start.startswith("["):
-        return "openai"
+        return "sharegpt" if '"conversations"' in start[:2000] else "openai"
     if start.startswith("{"):
         return _json_lines_format(path, text)
     if _is_otaku_export(text):
@@ -97,17 +115,25 @@ def _json_lines_format(path: Path, head: str) -> str:
     except json.JSONDecodeError:
         whole = _whole_json(head) if len(head.encode("utf-8")) < SNIFF_BYTES else None
         if isinstance(whole, dict):
-            what = "a character card" if _looks_like_card(whole) else "one JSON object spanning lines"
+            if "conversations" in whole:
+                return "sharegpt"
+            what = _what_it_is(whole) or "one JSON object spanning lines"
             raise StoryError(path, None, f"is {what}, not a story; {EXPECTED}") from None
         return "native"  # the native reader names the line that is broken
     if not isinstance(obj, dict):
         return "native"
     if {"user_name", "character_name", "chat_metadata"} & obj.keys():
         return "sillytavern"
-    if "mes" in obj and {"is_user", "is_system"} & obj.keys():
-        return "sillytavern"  # a chat row first: the SillyTavern reader reports the missing header
-    if "role" not in obj and "type" not in obj and _looks_like_card(obj):
-        raise StoryError(path, None, f"is a character card, not a story; {EXPECTED}")
+    if "mes" in obj and {"is_user", "is_system", "name"} & obj.keys():
+        return "sillytavern"  # a chat row first: a group chat saved without a header
+    if "role" not in obj and "type" not in obj:
+        if isinstance(obj.get("messages"), list):
+            return "finetune"
+        if "conversations" in obj:
+            return "sharegpt"
+        what = _what_it_is(obj)
+        if what:
+            raise StoryError(path, None, f"is {what}, not a story; {EXPECTED}")
     return "native"
 
 
@@ -125,6 +151,19 @@ def _whole_json(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return None
+
+
+def _what_it_is(obj: dict[str, Any]) -> str:
+    """What a JSON object that is no story is, in words with what to do; "" when unknown."""
+    if _looks_like_card(obj):
+        return "a character card (give it with --card)"
+    if isinstance(obj.get("entries"), dict):
+        return "a World Info lorebook (ctx does not read lorebooks as stories)"
+    if "data_visible" in obj:
+        return "an oobabooga chat (import it into SillyTavern and use the chat it saves)"
+    if "histories" in obj:
+        return "a Character.AI export (import it into SillyTavern and use the chat it saves)"
+    return ""
 
 
 def _looks_like_card(obj: dict[str, Any]) -> bool:
@@ -149,6 +188,8 @@ __all__ = [
     "READERS",
     "check_native",
     "detect_format",
+    "read_finetune",
     "read_native",
+    "read_sharegpt",
     "read_story",
 ]

@@ -4,6 +4,8 @@
     {"type": "card", "name": "Ilya", "description": "...", ...}              a card (numbered)
     {"type": "scene", "id": 4, "start": 65, "end": 95, "summary": "...", "history": "..."}
     {"type": "story", "title": "...", "user": "...", "scenario": "...", ...} facts about the story
+    {"type": "lore", "name": "Ilya", "scene": 4, "state": "...", "history": "...", "entry": "..."}
+                                                 what a character knows at the end of a scene
 
 Leading system messages (before any other message) form the story's system message. A
 system message later on is an ordinary numbered message. Reading streams line by line and
@@ -20,9 +22,10 @@ from typing import Any
 
 from ..errors import StoryError
 from ..files import reading
-from ..model import ROLES, Card, Message, Scene, Story, StoryInfo
+from ..model import ROLES, Card, Lore, Message, Scene, Story, StoryInfo
 
-CARD_FIELDS = {f.name for f in fields(Card)} - {"tags"}
+CARD_FIELDS = {f.name for f in fields(Card)} - {"tags", "aliases"}
+LORE_TEXTS = ("state", "history", "entry")
 INFO_FIELDS = {f.name for f in fields(StoryInfo)}
 
 
@@ -42,6 +45,7 @@ class _Builder:
     scenes: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     system: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    lore: list[Lore] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
 
     def error(self, line: int | None, message: str) -> None:
@@ -110,11 +114,14 @@ def _card(b: _Builder, number: int, obj: dict[str, Any]) -> Card | None:
                 b.error(number, f'card field "{key}" must be text')
                 return None
             values[key] = obj[key]
-    tags = obj.get("tags", [])
-    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-        b.error(number, 'card field "tags" must be a list of text')
-        return None
-    return Card(name=name, tags=tuple(tags), **values)
+    lists: dict[str, tuple[str, ...]] = {}
+    for key in ("tags", "aliases"):
+        items = obj.get(key, [])
+        if not isinstance(items, list) or not all(isinstance(t, str) for t in items):
+            b.error(number, f'card field "{key}" must be a list of text')
+            return None
+        lists[key] = tuple(items)
+    return Card(name=name, **lists, **values)
 
 
 def _add_card(b: _Builder, number: int, obj: dict[str, Any]) -> None:
@@ -164,7 +171,24 @@ def _add_info(b: _Builder, number: int, obj: dict[str, Any]) -> None:
             b.info[key] = value
 
 
-HANDLERS = {"message": _add_message, "card": _add_card, "scene": _add_scene, "story": _add_info}
+def _add_lore(b: _Builder, number: int, obj: dict[str, Any]) -> None:
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        b.error(number, 'a lore record needs "name" (the character it is about)')
+        return
+    scene = obj.get("scene")
+    if scene is not None and (isinstance(scene, bool) or not isinstance(scene, (int, str))):
+        b.error(number, 'lore "scene" must be a scene id (a number or text)')
+        return
+    texts = {key: obj.get(key) or "" for key in LORE_TEXTS}
+    wrong = next((key for key, value in texts.items() if not isinstance(value, str)), None)
+    if wrong is not None:
+        b.error(number, f'lore "{wrong}" must be text')
+        return
+    b.lore.append(Lore(name=name, scene=scene, line=number, **texts))
+
+
+HANDLERS = {"message": _add_message, "card": _add_card, "scene": _add_scene, "story": _add_info, "lore": _add_lore}
 
 
 def _check_scenes(b: _Builder) -> list[Scene]:
@@ -233,7 +257,7 @@ def parse_lines(path: Path, lines: Iterable[tuple[int, str]]) -> tuple[Story, li
         kind = obj.get("type", "message")
         handler = HANDLERS.get(kind) if isinstance(kind, str) else None
         if handler is None:
-            b.error(number, f'unknown record type {kind!r}; expected "message", "card", "scene" or "story"')
+            b.error(number, f'unknown record type {kind!r}; expected "message", "card", "scene", "story" or "lore"')
             continue
         handler(b, number, obj)
     if nonblank == 0:
@@ -247,6 +271,7 @@ def parse_lines(path: Path, lines: Iterable[tuple[int, str]]) -> tuple[Story, li
         scenes=tuple(scenes),
         system="\n\n".join(b.system),
         info=StoryInfo(**b.info),
+        lore=tuple(b.lore),
     )
     return story, b.problems
 

@@ -1,17 +1,24 @@
-"""SillyTavern chat files (`chats/<character>/<chat>.jsonl`).
+"""SillyTavern chat files (`chats/<character>/<chat>.jsonl`, `group chats/<id>.jsonl`), of
+every version in the wild, and TavernAI chats (the format SillyTavern inherited).
 
-Line 1 is a header: `{"user_name": ..., "character_name": ..., "chat_metadata": {...}}`.
-Every later line is one row: `{"name", "is_user", "is_system", "mes", "swipes",
-"swipe_id", "extra", ...}`.
+Line 1 is usually a header, `{"user_name", "character_name", "create_date", "chat_metadata"}`;
+every later line is one row: `{"name", "is_user", "is_system", "mes", "swipes", "swipe_id",
+"extra", ...}`.
 
-- The text of a row is its selected swipe, `swipes[swipe_id]` (what SillyTavern shows and
-  sends); a row without swipes (or without a swipe_id) uses `mes`. A swipe_id outside the
-  swipes is an error, not a guess.
-- Rows with `is_system: true` are hidden from the AI in SillyTavern: they never become
-  messages, and are counted in `Story.hidden`.
+- No header: group chats saved by SillyTavern 1.14 and earlier are rows only. A header with
+  only `chat_metadata` (group chats since) is a header too.
+- Header names: SillyTavern never reads them back (`{{user}}` is the persona, `{{char}}` the
+  card), and 1.15 writes "unused" in both. A real name fills in when nothing better is given
+  (see `otaku_ctx.names`); "unused" is dropped.
+- The text of a row is its selected swipe, `swipes[swipe_id]`, as SillyTavern sends it; a row
+  without swipes, or whose swipe_id points past them (a swipe still generating), sends `mes`.
+  `extra.display_text` (what the screen shows instead) and `extra.reasoning` are never sent.
+- Rows with `is_system: true` are hidden from the AI, and so are tool-invocation rows
+  (`extra.tool_invocations`): neither becomes a message; both are counted in `Story.hidden`.
+- Narrator rows (`extra.type: "narrator"`, from /sys) are sent as system messages with no name.
 - The role is "user" when `is_user`, else "assistant"; the speaker's name is the row's.
-- The header's `user_name` and `character_name` fill `{{user}}` and `{{char}}`; a chat's
-  scenario override (`chat_metadata.scenario`), when set, fills the scenario.
+  `is_user` and `is_system` must be JSON booleans: the text "true" is an error, never read as
+  false (a hand-edited or converted file says what it means, or is refused).
 """
 
 from __future__ import annotations
@@ -24,10 +31,9 @@ from ..errors import StoryError
 from ..model import Message, Story, StoryInfo
 from .native import _lines
 
-HEADER_HINT = (
-    "expected a SillyTavern header line with user_name and character_name "
-    '(e.g. {"user_name": "You", "character_name": "Seraphina", "chat_metadata": {}})'
-)
+HEADER_KEYS = ("user_name", "character_name", "chat_metadata")
+UNUSED = "unused"  # what SillyTavern 1.15+ writes for both names in a header
+NARRATOR = "narrator"
 
 
 def read_sillytavern(path: Path) -> Story:
@@ -35,28 +41,34 @@ def read_sillytavern(path: Path) -> Story:
     header: dict[str, Any] | None = None
     messages: list[Message] = []
     hidden = 0
+    rows = 0
     for number, text in _lines(path):
         if not text.strip():
             continue
         row = _object(path, number, text)
-        if header is None:
+        if rows == 0 and header is None and "mes" not in row and _is_header(row):
             header = _header(path, number, row)
             continue
-        if row.get("is_system") is True:
+        rows += 1
+        if _flag(path, number, row, "is_system") or _is_tool_row(row):
             hidden += 1
             continue
         messages.append(_message(path, number, row, len(messages) + 1))
-    if header is None:
-        raise StoryError(path, 1, f"the file is empty; {HEADER_HINT}")
+    if header is None and rows == 0:
+        raise StoryError(path, 1, "the file is empty; a SillyTavern chat has a header line and one line a message")
     if not messages:
         raise StoryError(path, None, "the chat has no messages the AI can see (only the header or hidden rows)")
     return Story(
         path=path,
         messages=tuple(messages),
-        info=_info(header),
+        info=_info(header or {}),
         hidden=hidden,
         source_format="sillytavern",
     )
+
+
+def _is_header(row: dict[str, Any]) -> bool:
+    return any(key in row for key in HEADER_KEYS)
 
 
 def _object(path: Path, number: int, text: str) -> dict[str, Any]:
@@ -64,17 +76,16 @@ def _object(path: Path, number: int, text: str) -> dict[str, Any]:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise StoryError(path, number, f"malformed JSON at column {exc.pos + 1}: {exc.msg}") from None
+    except RecursionError:
+        raise StoryError(path, number, "JSON nested too deeply to be a chat row") from None
     if not isinstance(obj, dict):
         raise StoryError(path, number, f"expected a JSON object, found {type(obj).__name__}")
     return obj
 
 
 def _header(path: Path, number: int, obj: dict[str, Any]) -> dict[str, Any]:
-    if "user_name" not in obj or "character_name" not in obj:
-        found = "a chat row" if "mes" in obj else "another object"
-        raise StoryError(path, number, f"{HEADER_HINT}; the first line is {found}")
     for key in ("user_name", "character_name"):
-        if not isinstance(obj[key], str):
+        if key in obj and not isinstance(obj[key], str):
             raise StoryError(path, number, f'header field "{key}" must be text')
     return obj
 
@@ -83,27 +94,50 @@ def _info(header: dict[str, Any]) -> StoryInfo:
     metadata = header.get("chat_metadata")
     scenario = metadata.get("scenario") if isinstance(metadata, dict) else None
     return StoryInfo(
-        user=header["user_name"],
-        char=header["character_name"],
+        user=_real_name(header.get("user_name")),
+        char=_real_name(header.get("character_name")),
         scenario=scenario if isinstance(scenario, str) else "",
     )
+
+
+def _real_name(value: Any) -> str:
+    return value if isinstance(value, str) and value.strip().lower() != UNUSED else ""
+
+
+def _flag(path: Path, number: int, row: dict[str, Any], key: str) -> bool:
+    value = row.get(key, False)
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    shown = json.dumps(value, ensure_ascii=False)[:40]
+    raise StoryError(
+        path, number, f'"{key}" must be true or false (a JSON boolean), not {shown}; write it without quotes'
+    )
+
+
+def _is_tool_row(row: dict[str, Any]) -> bool:
+    extra = row.get("extra")
+    return isinstance(extra, dict) and bool(extra.get("tool_invocations"))
 
 
 def _message(path: Path, number: int, row: dict[str, Any], position: int) -> Message:
     name = row.get("name")
     if name is not None and not isinstance(name, str):
         raise StoryError(path, number, f'"name" must be text, not {type(name).__name__}')
+    content = _selected_text(path, number, row)
+    extra = row.get("extra")
+    if isinstance(extra, dict) and extra.get("type") == NARRATOR:
+        return Message(number=position, role="system", content=content, line=number)
     return Message(
         number=position,
-        role="user" if row.get("is_user") is True else "assistant",
-        content=_selected_text(path, number, row),
+        role="user" if _flag(path, number, row, "is_user") else "assistant",
+        content=content,
         name=name or None,
         line=number,
     )
 
 
 def _selected_text(path: Path, number: int, row: dict[str, Any]) -> str:
-    """The selected swipe when the row has swipes and a swipe_id, else `mes`."""
+    """The selected swipe when the row has it, else `mes` (a swipe still generating)."""
     swipes = row.get("swipes")
     if swipes and "swipe_id" in row:
         if not isinstance(swipes, list) or not all(isinstance(s, str) for s in swipes):
@@ -111,12 +145,8 @@ def _selected_text(path: Path, number: int, row: dict[str, Any]) -> str:
         swipe_id = row["swipe_id"]
         if not isinstance(swipe_id, int) or isinstance(swipe_id, bool):
             raise StoryError(path, number, f'"swipe_id" must be a whole number, not {swipe_id!r}')
-        if not 0 <= swipe_id < len(swipes):
-            count = f"{len(swipes)} swipe" + ("s" if len(swipes) > 1 else "")
-            raise StoryError(
-                path, number, f"swipe_id {swipe_id} is out of range: the row has {count} (0–{len(swipes) - 1})"
-            )
-        return swipes[swipe_id]
+        if 0 <= swipe_id < len(swipes):
+            return swipes[swipe_id]
     mes = row.get("mes")
     if not isinstance(mes, str):
         what = "missing" if mes is None else f"{type(mes).__name__}, not text"

@@ -1,0 +1,145 @@
+"""Files people keep next to their chats: ShareGPT datasets and OpenAI fine-tuning JSONL.
+
+    sharegpt   {"conversations": [{"from": "human"|"gpt"|"system", "value": "..."}]}, one such
+               object, a JSON array of them, or JSONL with one a line
+    finetune   OpenAI fine-tuning JSONL: {"messages": [{"role", "content", "name"?}]} a line
+
+Both can hold many conversations; a story is one. `conversation` (1-based, `--conversation N`)
+picks it. A ShareGPT file of one conversation needs none; a fine-tuning file defaults to its
+last conversation (the newest), and says so in `Story.notes`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import StoryError
+from ..model import Story
+from .native import _lines, parse_lines
+
+# ShareGPT `from` values as the datasets write them -> roles.
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "model": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "system": "system",
+}
+
+
+def read_sharegpt(path: Path, conversation: int | None = None) -> Story:
+    """One ShareGPT conversation as a story; several need `conversation`."""
+    found = _conversations(path, "conversations")
+    line, obj = _pick(path, found, conversation, default_last=False)
+    turns = obj.get("conversations")
+    if not isinstance(turns, list) or not turns:
+        raise StoryError(path, line, 'a ShareGPT conversation needs "conversations": a list of turns')
+    records = []
+    for index, turn in enumerate(turns, start=1):
+        if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
+            raise StoryError(path, line, f'turn {index} needs "from" and "value" (its text)')
+        role = SHAREGPT_ROLES.get(str(turn.get("from", "")).lower())
+        if role is None:
+            known = ", ".join(sorted(SHAREGPT_ROLES))
+            raise StoryError(
+                path, line, f'turn {index} has an unknown "from" {turn.get("from")!r}; expected one of {known}'
+            )
+        records.append((line, json.dumps({"role": role, "content": turn["value"]})))
+    return _story(path, records, "sharegpt")
+
+
+def read_finetune(path: Path, conversation: int | None = None) -> Story:
+    """One conversation of an OpenAI fine-tuning JSONL file (default: the last)."""
+    found = _conversations(path, "messages")
+    line, obj = _pick(path, found, conversation, default_last=True)
+    messages = obj.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise StoryError(path, line, 'a fine-tuning line needs "messages": a list of messages')
+    records = []
+    for message in messages:
+        if isinstance(message, dict):
+            message = {k: v for k, v in message.items() if k in ("role", "content", "name")}
+        records.append((line, json.dumps(message)))
+    story = _story(path, records, "finetune")
+    if conversation is None and len(found) > 1:
+        note = f"{path}: {len(found)} conversations; read the last (line {line}); pick one with --conversation N"
+        story = replace(story, notes=(note,))
+    return story
+
+
+def _story(path: Path, records: list[tuple[int, str]], source_format: str) -> Story:
+    story, problems = parse_lines(path, records)
+    for problem in problems:
+        if problem.severity == "error":
+            raise StoryError(path, problem.line, problem.message)
+    return replace(story, source_format=source_format)
+
+
+def _conversations(path: Path, key: str) -> list[tuple[int, dict[str, Any]]]:
+    """(line, object) of each conversation: JSONL, or one JSON value (an object or an array)."""
+    lines = list(_lines(path))
+    text = "".join(t for _, t in lines)
+    start = next((n for n, t in lines if t.strip()), 1)
+    if text.lstrip().startswith("[") or not _jsonl(lines):
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise StoryError(
+                path, exc.lineno, f"malformed JSON at column {exc.colno}: {exc.msg} (is the file cut short?)"
+            ) from None
+        except RecursionError:
+            raise StoryError(path, start, "JSON nested too deeply") from None
+        items = whole if isinstance(whole, list) else [whole]
+        found = [(start, item) for item in items]
+    else:
+        found = []
+        for number, line in lines:
+            if not line.strip():
+                continue
+            try:
+                found.append((number, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise StoryError(
+                    path, number, f"malformed JSON at column {exc.pos + 1}: {exc.msg} (is the line cut short?)"
+                ) from None
+            except RecursionError:
+                raise StoryError(path, number, "JSON nested too deeply") from None
+    for number, item in found:
+        if not isinstance(item, dict) or key not in item:
+            raise StoryError(path, number, f'expected a conversation object with "{key}"')
+    if not found:
+        raise StoryError(path, None, "the file holds no conversation")
+    return found
+
+
+def _jsonl(lines: list[tuple[int, str]]) -> bool:
+    first = next((t for _, t in lines if t.strip()), "")
+    try:
+        json.loads(first)
+    except (json.JSONDecodeError, RecursionError):
+        return False
+    return True
+
+
+def _pick(
+    path: Path, found: list[tuple[int, dict[str, Any]]], conversation: int | None, *, default_last: bool
+) -> tuple[int, dict[str, Any]]:
+    count = len(found)
+    if conversation is None:
+        if count == 1 or default_last:
+            return found[-1]
+        raise StoryError(
+            path, None, f"the file holds {count} conversations; pick one with --conversation N (1–{count})"
+        )
+    if not 1 <= conversation <= count:
+        raise StoryError(
+            path, None, f"there is no conversation {conversation}: the file holds {count} (--conversation 1–{count})"
+        )
+    return found[conversation - 1]
