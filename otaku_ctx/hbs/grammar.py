@@ -7,6 +7,7 @@ this was written against, and `tests/test_hbs_grammar_hook.py` fails loudly if t
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from typing import Any
 
@@ -69,10 +70,37 @@ adigit ::= :c ?(c in '0123456789') => c
 """
 
 
+# The versions whose private grammar `_GRAMMAR` was written against (pinned in pyproject.toml).
+PINNED = {"pybars3": "0.9.7", "PyMeta3": "0.5.1"}
+
+
+def inherited_rules() -> set[str]:
+    """The rules `_GRAMMAR` or the checker use but `_GRAMMAR` does not define: pybars' grammar
+    must still provide them."""
+    defined = set(re.findall(r"^(\w+) ::=", _GRAMMAR, re.MULTILINE))
+    used = set(re.findall(r"<(\w+)", _GRAMMAR)) | {"template", "expression_inner", "block_inner"}
+    return used - defined
+
+
+def hook_problems() -> list[str]:
+    """What is wrong with the private pybars3 hook this module relies on (empty when all is well)."""
+    base = getattr(Compiler, "_handlebars", None)
+    if base is None or not callable(getattr(base, "makeGrammar", None)):
+        return ["pybars.Compiler._handlebars, the PyMeta grammar class this engine extends, is gone or changed"]
+    problems = [
+        f"pybars' grammar no longer has the rule `{rule}`"
+        for rule in sorted(inherited_rules())
+        if not callable(getattr(base, "rule_" + rule, None))
+    ]
+    if not callable(getattr(Compiler, "whitespace_control", None)):
+        problems.append("pybars.Compiler.whitespace_control (standalone-line handling) is gone")
+    return problems
+
+
 class _Parser(Compiler):
     """pybars' parser and whitespace control with `_GRAMMAR` on top; its code generator is off."""
 
-    _handlebars = Compiler._handlebars.makeGrammar(_GRAMMAR, {"_number": _number}, "otaku_handlebars")
+    _handlebars: Any  # the extended grammar class, set by `parser()`
 
     def parse(self, source: str) -> tuple[list, str, int]:
         """The tree, the whitespace-controlled text it was parsed from, and how far parsing got."""
@@ -99,4 +127,10 @@ class _Parser(Compiler):
 @cache
 def parser() -> _Parser:
     """The one parser; building its grammar costs a few tenths of a second, so only on first use."""
-    return _Parser()
+    problems = hook_problems()
+    if problems:
+        pins = ", ".join(f"{name}=={version}" for name, version in PINNED.items())
+        raise RuntimeError(f"{'; '.join(problems)}: install {pins}")
+    extended = _Parser()
+    extended._handlebars = Compiler._handlebars.makeGrammar(_GRAMMAR, {"_number": _number}, "otaku_handlebars")
+    return extended
