@@ -24,7 +24,7 @@ from .blocks import Block
 from .config import DEFAULT_CARD_TEMPLATE
 from .errors import ConfigError
 from .formats import Format, builtin_dirs, load_format, render_messages, render_text, stop_sequences, text_pieces
-from .hbs import Template, compile_template
+from .hbs import Template, cached_template
 from .model import Card, Message, Role, Scene, Story
 from .tokens import TokenCounter
 
@@ -86,8 +86,8 @@ class Names:
 
 @lru_cache(maxsize=64)
 def compiled(source: str, name: str) -> Template:
-    """Compile once per run (pymeta's parser is slow; a compiled template is immutable)."""
-    return compile_template(source, name)
+    """Compile once per run; parse only when no shipped or cached program has it (see hbs.store)."""
+    return cached_template(source, name)
 
 
 def search_dirs(kind: str, home: Path | None) -> list[Path]:

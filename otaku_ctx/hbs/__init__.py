@@ -1,8 +1,9 @@
 """A safe Handlebars engine for context templates (Serene Pub / SillyTavern style), built on pybars3.
 
 The package, by job: `grammar` (the only module that touches pybars3/PyMeta3), `check`
-(tag-by-tag syntax and sandbox checks), `compile` (parse tree -> steps), `runtime` (rendering
-plain data into role blocks).
+(tag-by-tag syntax and sandbox checks), `compile` (parse tree -> program, plain data),
+`program` (checks a program and links it into steps), `runtime` (rendering plain data into
+role blocks), `store` (shipped and cached programs, so a normal run parses nothing).
 
 Templates are untrusted: people share presets. So this module takes from pybars only what is
 safe to take, its parser, and replaces the rest:
@@ -15,8 +16,9 @@ safe to take, its parser, and replaces the rest:
 * **No Python is generated from template text.** pybars compiles a template to Python
   source and pastes template text into it: a bracket segment such as `{{[a') or ... or (']}}`
   or a subexpression name lands inside a `u'...'` literal unescaped, which is code injection.
-  Instead of patching each format string, the parse tree is compiled here into closures;
-  template text only ever becomes Python *data*. pybars' `compile()` is disabled on the
+  Instead of patching each format string, the parse tree is compiled here into a program of
+  plain data (JSON lists, storable), linked into closures; template text only ever becomes
+  Python *data*. pybars' `compile()` is disabled on the
   parser subclass so nobody reaches that path by accident.
 * **Plain data only.** The context is copied into dicts, lists, str, int, float, bool and None
   before rendering (anything else is a `TemplateError`), and paths only index dicts by key
@@ -36,7 +38,15 @@ add no level); a block parameter is looked up for a plain first path segment (`m
 
 from __future__ import annotations
 
-from .compile import compile_template
 from .runtime import Template
+from .store import cached_template
 
-__all__ = ["Template", "compile_template"]
+__all__ = ["Template", "cached_template", "compile_template"]
+
+
+def compile_template(source: str, name: str) -> Template:
+    """Compile a Handlebars template now, without the store; every problem is a `TemplateError`
+    naming line and column. (Imports pybars3: `cached_template` avoids it for known templates.)"""
+    from .compile import compile_template as compile_now
+
+    return compile_now(source, name)

@@ -1,39 +1,19 @@
-"""Compiling: the parse tree into steps, checking helpers, arguments, paths and role blocks.
+"""Compiling: the parse tree into a program, checking helpers, arguments, paths and role blocks.
 
-No Python is ever generated from template text: the tree becomes closures from `runtime`,
-and template text only ever becomes Python data.
+No Python is ever generated from template text: the tree becomes a program of plain data
+(lists, strings, numbers; see `program`), which the runtime links into closures.
+Importing this module imports pybars3 (through `grammar`): only do it to parse.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import TemplateError
 from .check import Checker, line_column, stache, text_origins
 from .grammar import parser
-from .runtime import (
-    BLOCK_HELPERS,
-    HELPER_FUNCTIONS,
-    INLINE_HELPERS,
-    PARENT_DATA,
-    ROLE_END,
-    ROLE_HELPERS,
-    ROLE_START,
-    Frame,
-    Getter,
-    Step,
-    Template,
-    each_step,
-    if_step,
-    nothing,
-    output_step,
-    pick,
-    text_step,
-    trim_step,
-    walk,
-    with_step,
-)
+from .program import DamagedProgram, link
+from .runtime import BLOCK_HELPERS, INLINE_HELPERS, ROLE_HELPERS, Template
 
 
 @dataclass(frozen=True)
@@ -46,7 +26,7 @@ class _Path:
 
 
 class _Builder:
-    """Turns the parse tree into nested closures, checking helpers and their arguments."""
+    """Turns the parse tree into a program (see `program`), checking helpers and their arguments."""
 
     def __init__(self, name: str, source: str, origins: list[int]) -> None:
         self.name = name
@@ -61,34 +41,24 @@ class _Builder:
         return TemplateError(self.name, line, column, message)
 
     # scopes: names of the block params in force, innermost `as |...|` first
-    def program(self, template: list, scopes: tuple, role_at: int | None) -> Step:
-        steps: list[Step] = []
+    def program(self, template: list, scopes: tuple, role_at: int | None) -> list:
+        steps: list = []
         text: list[str] = []
         for node in template[1:]:
             if node[0] in ("literal", "newline", "whitespace"):
                 text.append(node[1])
                 continue
             if text:
-                steps.append(text_step("".join(text)))
+                steps.append(["text", "".join(text)])
                 text = []
             step = self.command(node[1], node[2], scopes, role_at)
             if step is not None:
                 steps.append(step)
         if text:
-            steps.append(text_step("".join(text)))
-        if not steps:
-            return nothing
-        if len(steps) == 1:
-            return steps[0]
-        steps_tuple = tuple(steps)
+            steps.append(["text", "".join(text)])
+        return steps
 
-        def run(frame: Frame, out: list) -> None:
-            for step in steps_tuple:
-                step(frame, out)
-
-        return run
-
-    def command(self, at: int, node: tuple, scopes: tuple, role_at: int | None) -> Step | None:
+    def command(self, at: int, node: tuple, scopes: tuple, role_at: int | None) -> list | None:
         kind = node[0]
         if kind == "comment":
             return None
@@ -100,7 +70,7 @@ class _Builder:
             raise self.error(at, "partials are not supported: paste the text into the template")
         raise self.error(at, "raw blocks are not supported: remove the extra braces")
 
-    def mustache(self, at: int, path_node: tuple, args: list, scopes: tuple) -> Step:
+    def mustache(self, at: int, path_node: tuple, args: list, scopes: tuple) -> list:
         """`{{name}}`, `{{path.to.value}}`, `{{helper arg ...}}`; `{{{...}}}` is the same (no escaping)."""
         path = self.path(at, path_node)
         helper = self.helper_name(path, scopes)
@@ -109,12 +79,9 @@ class _Builder:
                 raise self.unknown_helper(at, path, helper)
             if helper == "trim":
                 self.check_arity(at, helper, args)
-                return trim_step
-            get = self.call(at, helper, args, scopes)
-        else:
-            get = self.getter(path, scopes)
-
-        return output_step(get)
+                return ["trim"]
+            return ["print", self.call(at, helper, args, scopes)]
+        return ["print", self.reference(path, scopes)]
 
     def helper_name(self, path: _Path, scopes: tuple) -> str | None:
         """The helper a path names: a single plain segment that no block param shadows."""
@@ -150,31 +117,17 @@ class _Builder:
                 wanted = f"{fewest} argument(s)"
             raise self.error(at, f"`{helper}` takes {wanted}, not {len(args)}")
 
-    def call(self, at: int, helper: str, args: list, scopes: tuple) -> Getter:
+    def call(self, at: int, helper: str, args: list, scopes: tuple) -> list:
         self.check_arity(at, helper, args)
-        function = HELPER_FUNCTIONS[helper]
-        getters = tuple(self.value(at, arg, scopes) for arg in args)
-        name = self.name
         line, column = self.where(at)
+        return ["call", helper, [self.value(at, arg, scopes) for arg in args], line, column]
 
-        def get(frame: Frame) -> Any:
-            try:
-                return function(*[getter(frame) for getter in getters])
-            except TemplateError:
-                raise
-            except Exception as exc:  # a helper must never leak a traceback
-                raise TemplateError(name, line, column, f"`{helper}` failed: {exc}") from exc
-
-        return get
-
-    def value(self, at: int, arg: tuple, scopes: tuple) -> Getter:
+    def value(self, at: int, arg: tuple, scopes: tuple) -> list:
         kind = arg[0]
         if kind == "literalparam":
-            constant = arg[1]
-            return lambda frame: constant
+            return ["const", arg[1]]
         if kind == "path":
-            path = self.path(at, arg)
-            return self.getter(path, scopes)
+            return self.reference(self.path(at, arg), scopes)
         if kind == "subexpr":
             path = self.path(at, arg[1])
             helper = self.helper_name(path, scopes)
@@ -225,52 +178,20 @@ class _Builder:
             raise invalid("name the data value, e.g. @index")
         return _Path(depth, data, scoped, tuple(parts), written)
 
-    def getter(self, path: _Path, scopes: tuple) -> Getter:
-        parts, depth = path.parts, path.depth
+    def reference(self, path: _Path, scopes: tuple) -> list:
+        """How a path is looked up: `@data`, a block param, one key of the context, or a walk."""
+        parts, depth = list(path.parts), path.depth
         if path.data:
-            first, rest = parts[0], parts[1:]
-
-            def get_data(frame: Frame) -> Any:
-                data: dict | None = frame.data
-                for _ in range(depth):
-                    data = data.get(PARENT_DATA)
-                    if data is None:
-                        return None
-                return walk(data.get(first), rest)
-
-            return get_data
+            return ["data", depth, parts]
         slot = None if depth or path.scoped or not parts else _find_param(scopes, parts[0])
         if slot is not None:
             level, position = slot
-            rest = parts[1:]
-
-            def get_param(frame: Frame) -> Any:
-                params = frame.params
-                for _ in range(level):
-                    params = params[1]
-                return walk(params[0][position], rest)
-
-            return get_param
+            return ["param", level, position, parts[1:]]
         if depth == 0 and len(parts) == 1:
-            key = parts[0]
+            return ["key", parts[0]]
+        return ["path", depth, parts]
 
-            def get_key(frame: Frame) -> Any:
-                context = frame.context
-                return context.get(key) if type(context) is dict else pick(context, key)
-
-            return get_key
-
-        def get_path(frame: Frame) -> Any:
-            reached: Frame | None = frame
-            for _ in range(depth):
-                reached = reached.parent
-                if reached is None:
-                    return None
-            return walk(reached.context, parts)
-
-        return get_path
-
-    def block(self, at: int, node: tuple, scopes: tuple, role_at: int | None) -> Step:
+    def block(self, at: int, node: tuple, scopes: tuple, role_at: int | None) -> list:
         kind, name, args, params, body, alternative = node
         inverted = kind == "invertedblock"
         if name in ROLE_HELPERS:
@@ -281,10 +202,10 @@ class _Builder:
             )
         if name not in BLOCK_HELPERS:
             if inverted and not args and not params:  # {{^name}}...{{/name}}: a Mustache inverted section
-                get = self.getter(self.path(at, ("path", [("sym", name)])), scopes)
+                get = self.reference(self.path(at, ("path", [("sym", name)])), scopes)
                 shown = self.program(body, scopes, role_at)
-                otherwise = self.program(alternative, scopes, role_at) if alternative else nothing
-                return if_step(get, otherwise, shown)
+                otherwise = self.program(alternative, scopes, role_at) if alternative else []
+                return ["if", get, otherwise, shown]
             raise self.error(
                 at,
                 f"unknown block helper {stache('#' + name)}: the block helpers are {', '.join(BLOCK_HELPERS)}",
@@ -299,21 +220,21 @@ class _Builder:
             raise self.error(at, f"{stache('#' + name)} takes {allowed}")
         if len(set(params)) != len(params):
             raise self.error(at, "block params must have different names")
+        if params and inverted:
+            raise self.error(at, f"block params need {stache('#' + name)}, not {stache('^' + name)}")
         get = self.value(at, args[0], scopes)
         inner_scopes = (tuple(params), *scopes) if params else scopes
         fn = self.program(body, inner_scopes, role_at)
-        inverse = self.program(alternative, scopes, role_at) if alternative else nothing
+        inverse = self.program(alternative, scopes, role_at) if alternative else []
         if inverted:
             fn, inverse = inverse, fn
         if name == "if":
-            return if_step(get, fn, inverse)
+            return ["if", get, fn, inverse]
         if name == "unless":
-            return if_step(get, inverse, fn)
-        if name == "with":
-            return with_step(get, fn, inverse, bool(params))
-        return each_step(get, fn, inverse, len(params))
+            return ["if", get, inverse, fn]
+        return [name, get, fn, inverse, bool(params)]
 
-    def role_block(self, at, name, args, params, body, alternative, inverted, scopes, role_at) -> Step:
+    def role_block(self, at, name, args, params, body, alternative, inverted, scopes, role_at) -> list:
         """`{{#systemBlock}}`...: no arguments, no else, never inside another role block."""
         if inverted or args or params or alternative:
             raise self.error(at, f"{stache('#' + name)} takes no arguments, block params or else: it only marks a role")
@@ -324,15 +245,7 @@ class _Builder:
                 f"{stache('#' + name)} is inside the role block opened at {line}:{column}: "
                 "role blocks cannot nest, close the outer one first",
             )
-        fn = self.program(body, scopes, at)
-        start = ROLE_START[ROLE_HELPERS[name]]
-
-        def role(frame: Frame, out: list) -> None:
-            out.append(start)
-            fn(frame, out)
-            out.append(ROLE_END)
-
-        return role
+        return ["role", ROLE_HELPERS[name], self.program(body, scopes, at)]
 
 
 def _token_text(token: tuple) -> str:
@@ -351,8 +264,9 @@ def _find_param(scopes: tuple, name: str) -> tuple[int, int] | None:
     return None
 
 
-def compile_template(source: str, name: str) -> Template:
-    """Compile a Handlebars template; every problem is a `TemplateError` naming line and column."""
+def compile_program(source: str, name: str) -> list:
+    """Compile a Handlebars template into its program (plain data, see `program`); every problem
+    is a `TemplateError` naming line and column."""
     try:
         if not isinstance(source, str):
             raise TemplateError(name, None, None, f"template source must be text, not {type(source).__name__}")
@@ -362,10 +276,19 @@ def compile_template(source: str, name: str) -> Template:
         builder = _Builder(name, source, origins)
         if stopped < len(parsed):
             raise builder.error(stopped, "cannot read the template from here: check the tag's braces and quotes")
-        return Template(name, builder.program(tree, (), None))
+        return builder.program(tree, (), None)
     except TemplateError:
         raise
     except RecursionError:
         raise TemplateError(name, None, None, "the template nests too deeply") from None
     except Exception as exc:  # pybars/pymeta errors must not escape as tracebacks
         raise TemplateError(name, None, None, f"cannot compile the template: {exc}") from exc
+
+
+def compile_template(source: str, name: str) -> Template:
+    """Compile a Handlebars template now (no cache); every problem is a `TemplateError`."""
+    program = compile_program(source, name)
+    try:
+        return link(program, name)
+    except DamagedProgram as exc:  # a bug here, never the template's fault
+        raise TemplateError(name, None, None, f"internal error: the compiled program is invalid ({exc})") from None
