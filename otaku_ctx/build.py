@@ -14,6 +14,7 @@ from .assembler import Assembly, Refusal, Shape, assemble
 from .cards import add_cards, read_card
 from .config import Settings, otaku_home
 from .errors import ConfigError
+from .hbs import bound_for_window
 from .model import Story
 from .prompt import EMITS, Names, PromptRenderer, PromptSettings, TemplatePricer, Variables, find_format, load_template
 from .readers import read_story
@@ -119,7 +120,8 @@ def renderer_for(story: Story, settings: Settings, *, emit: str = "text", reserv
             card_template=p["card_template"],
         ),
     )
-    return PromptRenderer(variables, load_template(p["template"], home), find_format(p["format"], home), emit, reserve)
+    template, prompt_format = load_template(p["template"], home), find_format(p["format"], home)
+    return PromptRenderer(variables, template, prompt_format, emit, reserve, bound_for_window(settings["model.window"]))
 
 
 def build(story: Story, settings: Settings, *, emit: str = "text") -> Built:

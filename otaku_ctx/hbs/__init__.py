@@ -38,10 +38,10 @@ add no level); a block parameter is looked up for a plain first path segment (`m
 
 from __future__ import annotations
 
-from .runtime import Template
+from .runtime import Template, bound_for_window
 from .store import cached_template
 
-__all__ = ["Template", "cached_template", "compile_template"]
+__all__ = ["Template", "bound_for_window", "cached_template", "compile_template"]
 
 
 def compile_template(source: str, name: str) -> Template:

@@ -311,7 +311,10 @@ def each_step(get: Getter, fn: Step, inverse: Step, param_count: int) -> Step:
             inverse(frame, out)
             return
         outer, last = frame.data, len(pairs) - 1
+        bounded = type(out) is _Bounded
         for index, (key, item) in enumerate(pairs):
+            if bounded:
+                out.loop()
             data = {
                 **outer,
                 "index": index,
@@ -326,6 +329,47 @@ def each_step(get: Getter, fn: Step, inverse: Step, param_count: int) -> Step:
     return run_each
 
 
+RENDER_FLOOR = 4_000_000  # characters: the least bound a prompt render gets, whatever the window
+
+
+def bound_for_window(window_tokens: int) -> int:
+    """The most characters a prompt render may produce: 64 windows' worth at 4 characters per
+    token (a template that repeats the whole story many times over), and never under 4 MB."""
+    return max(64 * 4 * window_tokens, RENDER_FLOOR)
+
+
+class _Bounded:
+    """The output stream of a bounded render: counts characters and loop turns, and stops the
+    render with a `TemplateError` as soon as either passes the bound, before memory grows."""
+
+    __slots__ = ("items", "name", "bound", "chars", "turns")
+
+    def __init__(self, name: str, bound: int) -> None:
+        self.items: list = []
+        self.name, self.bound, self.chars, self.turns = name, bound, 0, 0
+
+    def append(self, item: Any) -> None:
+        if type(item) is str:
+            self.chars += len(item)
+            if self.chars > self.bound:
+                raise self.error(f"renders more than {self.bound:,} characters")
+        self.items.append(item)
+
+    def loop(self) -> None:
+        self.turns += 1
+        if self.turns > self.bound:
+            raise self.error(f"runs its loops more than {self.bound:,} times")
+
+    def error(self, what: str) -> TemplateError:
+        return TemplateError(
+            self.name,
+            None,
+            None,
+            f"{what}; a loop probably repeats the whole story, such as an {{{{#each}}}} over "
+            "@root.chatMessages inside another: render each list once",
+        )
+
+
 class Template:
     """A compiled context template: render it as many times as needed."""
 
@@ -338,15 +382,21 @@ class Template:
     def __repr__(self) -> str:
         return f"Template({self.name!r})"
 
-    def render(self, context: Mapping[str, Any]) -> list[Block]:
-        """The role blocks, in order. The context is copied to plain data first."""
+    def render(self, context: Mapping[str, Any], bound: int | None = None) -> list[Block]:
+        """The role blocks, in order. The context is copied to plain data first. With a `bound`,
+        a render that outgrows it (in characters, or in loop turns) stops with a `TemplateError`."""
         try:
             if not isinstance(context, Mapping):
                 raise TemplateError(self.name, None, None, f"the context must be a dict, not {type(context).__name__}")
             data = to_plain(context, "context", self.name)
-            stream: list = []
-            self._run(Frame(data, None, {"root": data}, None), stream)
-            return assemble_blocks(stream)
+            frame = Frame(data, None, {"root": data}, None)
+            if bound is None:
+                stream: list = []
+                self._run(frame, stream)
+                return assemble_blocks(stream)
+            bounded = _Bounded(self.name, bound)
+            self._run(frame, bounded)
+            return assemble_blocks(bounded.items)
         except TemplateError:
             raise
         except RecursionError:
@@ -354,6 +404,6 @@ class Template:
         except Exception as exc:  # nothing from pybars or Python may escape as a traceback
             raise TemplateError(self.name, None, None, f"internal error while rendering: {exc!r}") from exc
 
-    def render_text(self, context: Mapping[str, Any]) -> str:
+    def render_text(self, context: Mapping[str, Any], bound: int | None = None) -> str:
         """The blocks' text joined by newlines (for story strings and tests)."""
-        return "\n".join(block.text for block in self.render(context))
+        return "\n".join(block.text for block in self.render(context, bound))
