@@ -16,6 +16,7 @@ from .cards import add_cards, read_card
 from .config import Settings, otaku_home
 from .emit import EMITS, PromptRenderer
 from .errors import ConfigError, UsageError
+from .hbs import bound_for_window
 from .lookup import find_format, load_template
 from .model import Story
 from .names import ResolvedNames, resolve_names
@@ -103,7 +104,7 @@ def renderer_for(story: Story, settings: Settings, *, emit: str = "text", reserv
         template = load_template(p.template, home)
     with _usage_if_unknown(settings, "prompt.format", p.format):
         format = find_format(p.format, home)
-    return PromptRenderer(variables, template, format, emit, reserve)
+    return PromptRenderer(variables, template, format, emit, reserve, bound_for_window(settings.model.window))
 
 
 def names_for(story: Story, settings: Settings) -> ResolvedNames:

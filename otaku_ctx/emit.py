@@ -32,10 +32,11 @@ class PromptRenderer:
     format: Format
     emit: str = "text"
     reserve: int = 0
+    bound: int | None = None  # characters a render may produce (hbs.bound_for_window), None = no bound
 
     def render(self, head: Sequence[Part], recap: Sequence[Part], tail: Sequence[Part]) -> list[Block]:
         """Role blocks; the last is open when it holds the open turn (see `Variables.open_turn`)."""
-        blocks = self.template.render(self.variables.for_assembly(head, recap, tail))
+        blocks = self.template.render(self.variables.for_assembly(head, recap, tail), self.bound)
         out = [Block(b.role, b.text.replace(OPEN_MARK, "")) if OPEN_MARK in b.text else b for b in blocks]
         if out and OPEN_MARK in blocks[-1].text and out[-1].role == "assistant":
             out[-1] = Block("assistant", out[-1].text, open=True)

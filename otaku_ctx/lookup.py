@@ -7,13 +7,13 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .formats import Format, builtin_dirs, load_format
-from .hbs import Template, compile_template
+from .hbs import Template, cached_template
 
 
 @lru_cache(maxsize=64)
 def compiled(source: str, name: str) -> Template:
-    """Compile once per run (pymeta's parser is slow; a compiled template is immutable)."""
-    return compile_template(source, name)
+    """Compile once per run; parse only when no shipped or cached program has it (see hbs.store)."""
+    return cached_template(source, name)
 
 
 def search_dirs(kind: str, home: Path | None) -> list[Path]:

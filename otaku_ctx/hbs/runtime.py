@@ -1,0 +1,409 @@
+"""Rendering: plain data in, role blocks out. Never imports pybars3.
+
+A compiled template is a tree of closures (steps) over a `Frame`; the steps only index
+dicts and lists and call the fixed helpers below, so a template reaches nothing but data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..blocks import Block
+from ..errors import TemplateError
+from ..model import Role
+
+ROLE_HELPERS: dict[str, Role] = {"systemBlock": "system", "userBlock": "user", "assistantBlock": "assistant"}
+BLOCK_HELPERS = ("if", "unless", "each", "with", *ROLE_HELPERS)
+# name -> (fewest, most arguments; None = any number)
+INLINE_HELPERS: dict[str, tuple[int, int | None]] = {
+    "eq": (2, 2),
+    "ne": (2, 2),
+    "gt": (2, 2),
+    "lt": (2, 2),
+    "and": (1, None),
+    "or": (1, None),
+    "not": (1, 1),
+    "json": (1, 1),
+    "lookup": (2, 2),
+    "trim": (0, 0),
+}
+
+
+def to_plain(value: Any, where: str, name: str, seen: frozenset[int] = frozenset()) -> Any:
+    """Copy `value` into plain data (dict/list/str/int/float/bool/None) or refuse it."""
+    if value is None or value is True or value is False:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, Mapping | list | tuple):
+        if id(value) in seen:
+            raise TemplateError(name, None, None, f"context value at {where} contains itself")
+        seen = seen | {id(value)}
+        if isinstance(value, Mapping):
+            plain = {}
+            for key, item in value.items():
+                if not isinstance(key, str | int) or isinstance(key, bool):
+                    raise TemplateError(name, None, None, f"context key {key!r} at {where} is not a string")
+                text = str.__str__(key) if isinstance(key, str) else str(int.__int__(key))
+                plain[text] = to_plain(item, f"{where}.{text}", name, seen)
+            return plain
+        return [to_plain(item, f"{where}[{index}]", name, seen) for index, item in enumerate(value)]
+    raise TemplateError(
+        name,
+        None,
+        None,
+        f"context value at {where} is a {type(value).__name__}: templates only see dicts, lists, "
+        "strings, numbers, booleans and None (convert it before rendering)",
+    )
+
+
+def pick(value: Any, key: str) -> Any:
+    """One path step: a dict by key, a list by index (or `length`), a string's `length`; else None."""
+    kind = type(value)
+    if kind is dict:
+        return value.get(key)
+    if kind is list:
+        if key == "length":
+            return len(value)
+        if key.isascii() and key.isdigit():
+            index = int(key)
+            return value[index] if index < len(value) else None
+        return None
+    if kind is str and key == "length":
+        return len(value)
+    return None
+
+
+def walk(value: Any, keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        if value is None:
+            return None
+        value = pick(value, key)
+    return value
+
+
+def truthy(value: Any) -> bool:
+    """Handlebars' `if`: None, False, 0, "", [] and NaN are false; an empty object is true."""
+    kind = type(value)
+    if kind is dict:
+        return True
+    if kind is float and math.isnan(value):
+        return False
+    return bool(value)
+
+
+def _is_empty(value: Any) -> bool:
+    """Handlebars' `isEmpty` (used by `with`): None, False, "", [] and NaN, but not 0."""
+    if value is None or value is False:
+        return True
+    kind = type(value)
+    if kind is str or kind is list:
+        return not value
+    return kind is float and math.isnan(value)
+
+
+def display(value: Any) -> str:
+    """What `{{x}}` prints, as Handlebars.js would (but never HTML-escaped)."""
+    kind = type(value)
+    if kind is str:
+        return value
+    if value is None:
+        return ""
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is int:
+        return str(value)
+    if kind is float:
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return str(int(value)) if value.is_integer() and abs(value) < 1e21 else repr(value)
+    if kind is list:
+        return ",".join(display(item) for item in value)
+    return "[object Object]"
+
+
+def _eq(left: Any, right: Any) -> bool:
+    if (type(left) is bool) != (type(right) is bool):  # like ===: true is not 1
+        return False
+    return left == right
+
+
+def _comparable(left: Any, right: Any) -> bool:
+    numbers = (int, float)
+    return (type(left) in numbers and type(right) in numbers) or (type(left) is str and type(right) is str)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=2)
+
+
+def _lookup(value: Any, key: Any) -> Any:
+    if type(key) is int:
+        key = str(key)
+    return pick(value, key) if type(key) is str else None
+
+
+HELPER_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "eq": _eq,
+    "ne": lambda left, right: not _eq(left, right),
+    "gt": lambda left, right: _comparable(left, right) and left > right,
+    "lt": lambda left, right: _comparable(left, right) and left < right,
+    "and": lambda *values: all(truthy(value) for value in values),
+    "or": lambda *values: any(truthy(value) for value in values),
+    "not": lambda value: not truthy(value),
+    "json": _json,
+    "lookup": _lookup,
+}
+
+PARENT_DATA = " parent"  # a key no `@name` path can spell (names have no spaces)
+
+
+class Frame:
+    """Where a block body runs: its context, the frame `../` reaches, `@data` and block params."""
+
+    __slots__ = ("context", "parent", "data", "params")
+
+    def __init__(self, context: Any, parent: Frame | None, data: dict, params: tuple | None) -> None:
+        self.context = context
+        self.parent = parent
+        self.data = data
+        self.params = params  # (values of the innermost `as |...|`, outer params) or None
+
+    def enter(self, context: Any, data: dict | None = None, params: tuple | None = None) -> Frame:
+        """A child frame; as in Handlebars 4, `../` gains a level only when the context changes."""
+        parent = self.parent if context is self.context else self
+        return Frame(context, parent, self.data if data is None else data, self.params if params is None else params)
+
+
+# Items of the output stream that are not text. Rendered values are always `str`, so no data
+# can ever produce one of these: story text cannot open, close or trim a block.
+TRIM = object()
+ROLE_END = object()
+
+
+@dataclass(frozen=True)
+class _RoleStart:
+    role: Role
+
+
+ROLE_START = {role: _RoleStart(role) for role in ROLE_HELPERS.values()}
+
+_LEADING_NEWLINES = re.compile(r"\A(?:\r?\n)+")
+_TRAILING_NEWLINES = re.compile(r"(?:\r?\n)+\Z")
+
+
+def _join_trimmed(pieces: list) -> str:
+    """Join text pieces; around each `{{trim}}` drop every adjacent newline (SillyTavern's trim)."""
+    if TRIM not in pieces:
+        return "".join(pieces)
+    runs: list[str] = [""]
+    for piece in pieces:
+        if piece is TRIM:
+            runs.append("")
+        else:
+            runs[-1] += piece
+    last = len(runs) - 1
+    for index, run in enumerate(runs):
+        if index > 0:
+            run = _LEADING_NEWLINES.sub("", run)
+        if index < last:
+            run = _TRAILING_NEWLINES.sub("", run)
+        runs[index] = run
+    return "".join(runs)
+
+
+def assemble_blocks(stream: list) -> list[Block]:
+    """Cut the output stream at role block edges into `Block`s.
+
+    Text inside a role block belongs to it, even if empty (an empty assistant block can be the
+    turn the model continues). Loose text becomes a system block unless it is only whitespace.
+    Every block loses its leading and trailing newlines, not its spaces; nothing is merged.
+    """
+    blocks: list[Block] = []
+    pieces: list = []
+    role: Role = "system"  # loose text, outside any role block, is system text
+    for item in stream:
+        if type(item) is str or item is TRIM:
+            pieces.append(item)
+            continue
+        text = _join_trimmed(pieces).strip("\r\n")
+        pieces = []
+        if item is ROLE_END:
+            blocks.append(Block(role, text))
+            role = "system"
+        else:
+            if text.strip():
+                blocks.append(Block("system", text))
+            role = item.role
+    text = _join_trimmed(pieces).strip("\r\n")
+    if text.strip():
+        blocks.append(Block("system", text))
+    return blocks
+
+
+# --- steps: what a compiled template is made of -----------------------------------------------
+
+Getter = Callable[[Frame], Any]
+Step = Callable[[Frame, list], None]
+
+
+def nothing(frame: Frame, out: list) -> None:
+    return None
+
+
+def text_step(text: str) -> Step:
+    def emit(frame: Frame, out: list) -> None:
+        out.append(text)
+
+    return emit
+
+
+def output_step(get: Getter) -> Step:
+    def expand(frame: Frame, out: list) -> None:
+        out.append(display(get(frame)))
+
+    return expand
+
+
+def trim_step(frame: Frame, out: list) -> None:
+    out.append(TRIM)
+
+
+def if_step(get: Getter, fn: Step, inverse: Step) -> Step:
+    def run_if(frame: Frame, out: list) -> None:
+        (fn if truthy(get(frame)) else inverse)(frame, out)
+
+    return run_if
+
+
+def with_step(get: Getter, fn: Step, inverse: Step, named: bool) -> Step:
+    def run_with(frame: Frame, out: list) -> None:
+        value = get(frame)
+        if _is_empty(value):
+            inverse(frame, out)
+        else:
+            fn(frame.enter(value, None, ((value,), frame.params) if named else None), out)
+
+    return run_with
+
+
+def each_step(get: Getter, fn: Step, inverse: Step, param_count: int) -> Step:
+    def run_each(frame: Frame, out: list) -> None:
+        value = get(frame)
+        if type(value) is list:
+            pairs = list(enumerate(value))
+        elif type(value) is dict:
+            pairs = list(value.items())
+        else:
+            pairs = []
+        if not pairs:
+            inverse(frame, out)
+            return
+        outer, last = frame.data, len(pairs) - 1
+        bounded = type(out) is _Bounded
+        for index, (key, item) in enumerate(pairs):
+            if bounded:
+                out.loop()
+            data = {
+                **outer,
+                "index": index,
+                "key": key,
+                "first": index == 0,
+                "last": index == last,
+                PARENT_DATA: outer,
+            }
+            params = ((item, key), frame.params) if param_count else None
+            fn(frame.enter(item, data, params), out)
+
+    return run_each
+
+
+RENDER_FLOOR = 4_000_000  # characters: the least bound a prompt render gets, whatever the window
+
+
+def bound_for_window(window_tokens: int) -> int:
+    """The most characters a prompt render may produce: 64 windows' worth at 4 characters per
+    token (a template that repeats the whole story many times over), and never under 4 MB."""
+    return max(64 * 4 * window_tokens, RENDER_FLOOR)
+
+
+class _Bounded:
+    """The output stream of a bounded render: counts characters and loop turns, and stops the
+    render with a `TemplateError` as soon as either passes the bound, before memory grows."""
+
+    __slots__ = ("items", "name", "bound", "chars", "turns")
+
+    def __init__(self, name: str, bound: int) -> None:
+        self.items: list = []
+        self.name, self.bound, self.chars, self.turns = name, bound, 0, 0
+
+    def append(self, item: Any) -> None:
+        if type(item) is str:
+            self.chars += len(item)
+            if self.chars > self.bound:
+                raise self.error(f"renders more than {self.bound:,} characters")
+        self.items.append(item)
+
+    def loop(self) -> None:
+        self.turns += 1
+        if self.turns > self.bound:
+            raise self.error(f"runs its loops more than {self.bound:,} times")
+
+    def error(self, what: str) -> TemplateError:
+        return TemplateError(
+            self.name,
+            None,
+            None,
+            f"{what}; a loop probably repeats the whole story, such as an {{{{#each}}}} over "
+            "@root.chatMessages inside another: render each list once",
+        )
+
+
+class Template:
+    """A compiled context template: render it as many times as needed."""
+
+    __slots__ = ("name", "_run")
+
+    def __init__(self, name: str, run: Step) -> None:
+        self.name = name
+        self._run = run
+
+    def __repr__(self) -> str:
+        return f"Template({self.name!r})"
+
+    def render(self, context: Mapping[str, Any], bound: int | None = None) -> list[Block]:
+        """The role blocks, in order. The context is copied to plain data first. With a `bound`,
+        a render that outgrows it (in characters, or in loop turns) stops with a `TemplateError`."""
+        try:
+            if not isinstance(context, Mapping):
+                raise TemplateError(self.name, None, None, f"the context must be a dict, not {type(context).__name__}")
+            data = to_plain(context, "context", self.name)
+            frame = Frame(data, None, {"root": data}, None)
+            if bound is None:
+                stream: list = []
+                self._run(frame, stream)
+                return assemble_blocks(stream)
+            bounded = _Bounded(self.name, bound)
+            self._run(frame, bounded)
+            return assemble_blocks(bounded.items)
+        except TemplateError:
+            raise
+        except RecursionError:
+            raise TemplateError(self.name, None, None, "the template or its data nests too deeply") from None
+        except Exception as exc:  # nothing from pybars or Python may escape as a traceback
+            raise TemplateError(self.name, None, None, f"internal error while rendering: {exc!r}") from exc
+
+    def render_text(self, context: Mapping[str, Any], bound: int | None = None) -> str:
+        """The blocks' text joined by newlines (for story strings and tests)."""
+        return "\n".join(block.text for block in self.render(context, bound))
