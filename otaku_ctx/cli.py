@@ -20,13 +20,18 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum, StrEnum
 from io import StringIO, TextIOWrapper
 from pathlib import Path
-from typing import IO, Annotated, Any, BinaryIO, TypeVar
+from typing import IO, TYPE_CHECKING, Annotated, Any, BinaryIO, TypeVar
 
 import typer
 import typer.main
 from typer.core import TyperArgument
 
 from . import __version__
+
+if TYPE_CHECKING:
+    from .build import Built
+    from .config import Settings
+    from .model import Story
 
 
 class _Argument(TyperArgument):
@@ -198,20 +203,23 @@ class Request:
     config: Path | None
     overrides: dict[str, tuple[Any, str]]
 
-    def settings(self) -> Any:
+    def settings(self) -> Settings:
         return settings_from(self.config, self.overrides)
 
     def inputs(self) -> list[Path]:
         """Every file this command reads: what an output must never replace."""
         return [self.story, *self.cards, *([self.config] if self.config else [])]
 
-    def run(self) -> tuple[Any, Any]:
+    def run(self) -> tuple[Built, Story]:
         """Read the story and build it: (the `Built` result, the `Story`). What the reader
         chose for the user (which conversation of many) is said on stderr."""
         from .build import build, open_story
         from .files import as_regular_file
+        from .tokens import make_counter
 
         settings = self.settings()
+        # The tokenizer first: its load-time peak is then over before the story takes memory.
+        make_counter(settings.model.tokenizer)
         with as_regular_file(self.story, terminal().stdin) as path:
             story = open_story(path, self.source_format, self.cards, self.conversation)
         for note in story.notes:
@@ -257,7 +265,7 @@ def prompt_options(command: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def settings_from(config: Path | None, overrides: dict[str, tuple[Any, str]] | None = None) -> Any:
+def settings_from(config: Path | None, overrides: dict[str, tuple[Any, str]] | None = None) -> Settings:
     """The settings of `--config FILE` (which must exist) or of the default file (which may not)."""
     from .config import load_settings
 
@@ -321,8 +329,8 @@ def inspect_cmd(
     from .build import names_for
     from .report import facts
 
-    built, story = request.run()
-    data = facts(built, story.hidden, names_for(story, request.settings()))
+    built, told = request.run()
+    data = facts(built, told.hidden, names_for(told, request.settings()))
     if as_json:
         write_stdout(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
     else:
