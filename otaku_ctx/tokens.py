@@ -180,8 +180,9 @@ def _long_piece(core: Any, piece: bytes) -> int:
       symbol repeated: the pathological case), is merged by `_merge_runs`, tiktoken's own
       merge rule applied to runs of equal tokens at once where that is provably the same.
     - Any other piece is cut into chunks at boundaries where no merge can ever cross (see
-      `_chunks`), each merged by tiktoken; where no such boundary is found, tiktoken merges
-      the piece whole.
+      `_chunks`), each merged by tiktoken; where such boundaries are too rare (a long run of
+      random letters, or of one multi-byte character), tiktoken merges the piece whole, and
+      its time there is still quadratic in the piece.
     """
     run = len(piece) - len(piece.rstrip(piece[-1:]))
     head = piece[: len(piece) - run]
@@ -256,6 +257,7 @@ def _coalesce(runs: list[list[Any]]) -> None:
 
 
 CHUNK = 512  # bytes; longer than any cl100k token (so a chunk is never one token itself)
+MAX_CHUNK = 8 * CHUNK
 
 
 def _chunks(core: Any, piece: bytes) -> list[bytes]:
@@ -283,9 +285,11 @@ def _chunks(core: Any, piece: bytes) -> list[bytes]:
         first, _ = ends(bounds[j], bounds[j + 1])
         if _separable(core, last, first):
             j += 1
-        else:
-            del bounds[j]
-            j = max(j - 1, 1)  # the merged chunk's first token may change the cut before it
+            continue
+        del bounds[j]
+        if bounds[j] - bounds[j - 1] > MAX_CHUNK:  # no cut holds here: merging on would be slower
+            return [piece]
+        j = max(j - 1, 1)  # the merged chunk's first token may change the cut before it
     return [piece[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 

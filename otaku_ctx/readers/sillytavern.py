@@ -16,12 +16,12 @@ Every later line is one row: `{"name", "is_user", "is_system", "mes", "swipes",
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ..errors import StoryError
 from ..model import Message, Story, StoryInfo
+from .jsonload import JSONProblem, loads
 from .native import _lines
 
 HEADER_HINT = (
@@ -61,9 +61,9 @@ def read_sillytavern(path: Path) -> Story:
 
 def _object(path: Path, number: int, text: str) -> dict[str, Any]:
     try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise StoryError(path, number, f"malformed JSON at column {exc.pos + 1}: {exc.msg}") from None
+        obj = loads(text)
+    except JSONProblem as exc:
+        raise StoryError(path, number, exc.message) from None
     if not isinstance(obj, dict):
         raise StoryError(path, number, f"expected a JSON object, found {type(obj).__name__}")
     return obj
