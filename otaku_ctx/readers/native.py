@@ -14,7 +14,7 @@ collects every problem, so `ctx validate` can report them all at once.
 
 from __future__ import annotations
 
-import json
+import gc
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -23,9 +23,12 @@ from typing import Any
 from ..errors import StoryError
 from ..files import reading
 from ..model import ROLES, Card, Lore, Message, Scene, Story, StoryInfo
+from .jsonload import JSONProblem, loads
 
 CARD_FIELDS = {f.name for f in fields(Card)} - {"tags", "aliases"}
 LORE_TEXTS = ("state", "history", "entry")
+_ROLE = {role: role for role in ROLES}  # one shared str per role, whatever the decoder made
+BOM = b"\xef\xbb\xbf"
 INFO_FIELDS = {f.name for f in fields(StoryInfo)}
 
 
@@ -47,6 +50,7 @@ class _Builder:
     info: dict[str, Any] = field(default_factory=dict)
     lore: list[Lore] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    names: dict[str, str] = field(default_factory=dict)  # one shared str per speaker name
 
     def error(self, line: int | None, message: str) -> None:
         self.problems.append(Problem(line, message))
@@ -75,30 +79,69 @@ def _text(value: Any) -> str | None:
 
 
 def _add_message(b: _Builder, number: int, obj: dict[str, Any]) -> None:
-    role = obj.get("role")
-    if role is None:
-        b.error(number, 'a message needs "role" ("user", "assistant" or "system")')
-        return
-    if role not in ROLES:
-        b.error(number, f'unknown role {role!r}; expected "user", "assistant" or "system"')
-        return
-    if "content" not in obj:
-        b.error(number, 'a message needs "content" (its text)')
-        return
-    content = obj["content"]
-    if isinstance(content, list):  # OpenAI content parts: keep the text parts
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    if not isinstance(content, str):
-        b.error(number, f'"content" must be text, not {type(content).__name__}')
-        return
+    role = _ROLE.get(obj.get("role"))  # type: ignore[arg-type]
+    content = obj.get("content")
     name = obj.get("name")
-    if name is not None and not isinstance(name, str):
-        b.error(number, f'"name" must be text, not {type(name).__name__}')
-        return
+    if role is None or type(content) is not str or (name is not None and type(name) is not str):
+        content = _checked_message(b, number, obj)
+        if content is None:
+            return
     if role == "system" and not b.messages:
         b.system.append(content)
         return
-    b.messages.append(Message(len(b.messages) + 1, role, content, name or None, line=number))
+    if name:
+        name = b.names.setdefault(name, name)
+    b.messages.append(Message(len(b.messages) + 1, role, content, name or None, line=number))  # type: ignore[arg-type]
+
+
+def _checked_message(b: _Builder, number: int, obj: dict[str, Any]) -> str | None:
+    """The text of a message that is not plain (content parts), or None after reporting what is wrong."""
+    role = obj.get("role")
+    if role is None:
+        b.error(number, 'a message needs "role" ("user", "assistant" or "system")')
+        return None
+    if role not in _ROLE:
+        b.error(number, f'unknown role {role!r}; expected "user", "assistant" or "system"')
+        return None
+    if "content" not in obj:
+        b.error(number, 'a message needs "content" (its text)')
+        return None
+    content = obj["content"]
+    if isinstance(content, list):
+        content = _parts_text(b, number, content)
+        if content is None:
+            return None
+    if not isinstance(content, str):
+        b.error(number, f'"content" must be text, not {type(content).__name__}')
+        return None
+    name = obj.get("name")
+    if name is not None and not isinstance(name, str):
+        b.error(number, f'"name" must be text, not {type(name).__name__}')
+        return None
+    return content
+
+
+def _parts_text(b: _Builder, number: int, parts: list[Any]) -> str | None:
+    """OpenAI content parts: the text parts joined; other parts (images, audio) are left out.
+    A part that is not an object, or whose "text" is not text, is an error, never a silent gap."""
+    texts = []
+    for index, part in enumerate(parts, start=1):
+        if not isinstance(part, dict):
+            b.error(
+                number,
+                f'content part {index} must be an object like {{"type": "text", "text": "..."}}, '
+                f"not {type(part).__name__}",
+            )
+            return None
+        if "text" in part:
+            if not isinstance(part["text"], str):
+                b.error(number, f'content part {index} has a "text" that is {type(part["text"]).__name__}, not text')
+                return None
+            texts.append(part["text"])
+    if parts and not texts:
+        b.error(number, '"content" has no text part (only images or other media); a message needs text')
+        return None
+    return "".join(texts)
 
 
 def _card(b: _Builder, number: int, obj: dict[str, Any]) -> Card | None:
@@ -121,7 +164,7 @@ def _card(b: _Builder, number: int, obj: dict[str, Any]) -> Card | None:
             b.error(number, f'card field "{key}" must be a list of text')
             return None
         lists[key] = tuple(items)
-    return Card(name=name, **lists, **values)
+    return Card(name=name, tags=lists["tags"], aliases=lists["aliases"], **values)
 
 
 def _add_card(b: _Builder, number: int, obj: dict[str, Any]) -> None:
@@ -238,28 +281,79 @@ def _check_scenes(b: _Builder) -> list[Scene]:
     return scenes
 
 
-def parse_lines(path: Path, lines: Iterable[tuple[int, str]]) -> tuple[Story, list[Problem]]:
-    """Read native JSONL lines into a Story and the list of every problem found."""
-    b = _Builder(path)
-    nonblank = 0
+def _records(path: Path, problems: list[Problem]) -> Iterator[tuple[int, Any]]:
+    """Yield (line number, decoded JSON) of each non-blank line, streaming; a line that does
+    not decode is reported in `problems` (with its line and column) and skipped."""
+    with reading(path):
+        handle = path.open("rb")
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            if number == 1:
+                raw = raw.removeprefix(BOM)
+            if raw.isspace() or not raw:
+                continue
+            try:
+                yield number, loads(raw)
+            except JSONProblem as exc:
+                problems.append(Problem(number, exc.message))
+
+
+def _decoded(lines: Iterable[tuple[int, str]], problems: list[Problem]) -> Iterator[tuple[int, Any]]:
     for number, text in lines:
-        if not text.strip():
+        if text.isspace() or not text:
             continue
-        nonblank += 1
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            b.error(number, f"malformed JSON at column {exc.pos + 1}: {exc.msg}")
-            continue
-        if not isinstance(obj, dict):
-            b.error(number, f"expected a JSON object, found {type(obj).__name__}")
-            continue
-        kind = obj.get("type", "message")
-        handler = HANDLERS.get(kind) if isinstance(kind, str) else None
-        if handler is None:
-            b.error(number, f'unknown record type {kind!r}; expected "message", "card", "scene", "story" or "lore"')
-            continue
-        handler(b, number, obj)
+            yield number, loads(text)
+        except JSONProblem as exc:
+            problems.append(Problem(number, exc.message))
+
+
+def parse_lines(path: Path, lines: Iterable[tuple[int, str]]) -> tuple[Story, list[Problem]]:
+    """Read native JSONL lines (already text) into a Story and the list of every problem found."""
+    problems: list[Problem] = []
+    return parse_records(path, _decoded(lines, problems), problems)
+
+
+def parse_records(
+    path: Path, records: Iterable[tuple[int, Any]], problems: list[Problem] | None = None
+) -> tuple[Story, list[Problem]]:
+    """Decoded native records, with their line numbers, into a Story and every problem found.
+    `problems` (the decoder's, filled as `records` is consumed) are merged in line order."""
+    b = _Builder(path)
+    decoding = problems if problems is not None else []
+    nonblank = 0
+    enabled = gc.isenabled()
+    gc.disable()  # a story is a great many small acyclic objects: nothing for the collector to find
+    try:
+        messages, names, role_of = b.messages, b.names, _ROLE
+        for number, obj in records:
+            nonblank += 1
+            if type(obj) is dict and "type" not in obj:  # the common case, inline: a plain message
+                role = role_of.get(obj.get("role"))  # type: ignore[arg-type]
+                content = obj.get("content")
+                name = obj.get("name")
+                if role is not None and type(content) is str and messages and (name is None or type(name) is str):
+                    if name:
+                        name = names.setdefault(name, name)
+                    messages.append(Message(len(messages) + 1, role, content, name or None, None, number))  # type: ignore[arg-type]
+                    continue
+                _add_message(b, number, obj)
+                continue
+            if type(obj) is not dict:
+                b.error(number, f"expected a JSON object, found {type(obj).__name__}")
+                continue
+            kind = obj.get("type", "message")
+            handler = HANDLERS.get(kind) if isinstance(kind, str) else None
+            if handler is None:
+                b.error(number, f'unknown record type {kind!r}; expected "message", "card", "scene", "story" or "lore"')
+                continue
+            handler(b, number, obj)
+    finally:
+        if enabled:
+            gc.enable()
+    nonblank += len(decoding)
+    if decoding:
+        b.problems = sorted([*decoding, *b.problems], key=lambda p: p.line or 0)
     if nonblank == 0:
         b.error(None, "the file is empty; a story needs at least one message")
     elif not b.messages and not any(p.severity == "error" for p in b.problems):
@@ -278,12 +372,12 @@ def parse_lines(path: Path, lines: Iterable[tuple[int, str]]) -> tuple[Story, li
 
 def check_native(path: Path) -> tuple[Story | None, list[Problem]]:
     """Every problem of a native story file, in line order (for `ctx validate`)."""
-    undecodable: list[Problem] = []
+    problems: list[Problem] = []
     try:
-        story, problems = parse_lines(path, _lines(path, undecodable))
+        story, found = parse_records(path, _records(path, problems), problems)
     except StoryError as exc:  # the file cannot be opened at all
         return None, [Problem(exc.line, exc.message)]
-    return story, sorted([*undecodable, *problems], key=lambda p: p.line or 0)
+    return story, sorted(found, key=lambda p: p.line or 0)
 
 
 def read_native(path: Path) -> Story:

@@ -11,26 +11,26 @@ content given as a list of parts keeps its text parts.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from ..errors import StoryError
 from ..model import Story
-from .native import Problem, _lines, parse_lines
-
-_DECODER = json.JSONDecoder()
+from .jsonload import JSONProblem, raw_decode
+from .native import Problem, _lines, _records, parse_records
 
 
 def read_openai(path: Path) -> Story:
     """Read an OpenAI messages file (a JSON array, or JSONL of messages only)."""
-    problems: list[Problem] = []
+    problems: list[Problem] = []  # records that are not messages
+    decoding: list[Problem] = []
     if _starts_with_bracket(path):
         records = _array_elements(path, _text(path), problems)
     else:
-        records = _message_lines(_lines(path), problems)
-    story, found = parse_lines(path, records)
+        records = _messages_only(_records(path, decoding), problems)
+    story, found = parse_records(path, records, decoding)
     errors = [p for p in [*problems, *found] if p.severity == "error"]
     if errors:
         first = min(errors, key=lambda p: (p.line is None, p.line or 0))
@@ -64,19 +64,19 @@ def _skip_space(text: str, index: int) -> int:
     return index
 
 
-def _array_elements(path: Path, text: str, problems: list[Problem]) -> Iterator[tuple[int, str]]:
-    """Yield (line, JSON text) of each element of the top-level array, with the line it starts on."""
+def _array_elements(path: Path, text: str, problems: list[Problem]) -> Iterator[tuple[int, Any]]:
+    """Yield (line, value) of each element of the top-level array, with the line it starts on."""
     index = _skip_space(text, text.index("[") + 1)
     if index < len(text) and text[index] == "]":
         raise StoryError(path, _line_at(text, index), "the messages array is empty; a story needs at least one message")
     while True:
         line = _line_at(text, index)
         try:
-            obj, end = _DECODER.raw_decode(text, index)
-        except json.JSONDecodeError as exc:
-            raise StoryError(path, exc.lineno, f"malformed JSON at column {exc.colno}: {exc.msg}") from None
+            obj, end = raw_decode(text, index)
+        except JSONProblem as exc:
+            raise StoryError(path, exc.line, exc.message) from None
         if _is_message(obj, line, problems):
-            yield line, text[index:end]
+            yield line, obj
         index = _skip_space(text, end)
         if index < len(text) and text[index] == ",":
             index = _skip_space(text, index + 1)
@@ -90,18 +90,11 @@ def _array_elements(path: Path, text: str, problems: list[Problem]) -> Iterator[
         raise StoryError(path, where, 'expected "," or "]" after a message in the array')
 
 
-def _message_lines(lines: Iterator[tuple[int, str]], problems: list[Problem]) -> Iterator[tuple[int, str]]:
-    """The lines of a JSONL messages file, less (and reporting) any record that is not a message."""
-    for number, text in lines:
-        if '"type"' in text:
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError:
-                yield number, text  # the native parser reports it
-                continue
-            if not _is_message(obj, number, problems):
-                continue
-        yield number, text
+def _messages_only(records: Iterator[tuple[int, Any]], problems: list[Problem]) -> Iterator[tuple[int, Any]]:
+    """The records of a JSONL messages file, less (and reporting) any record that is not a message."""
+    for number, obj in records:
+        if _is_message(obj, number, problems):
+            yield number, obj
 
 
 def _is_message(obj: object, line: int, problems: list[Problem]) -> bool:

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..errors import StoryError
 from ..model import Message, Story, StoryInfo
+from .jsonload import JSONProblem, loads
 from .native import _lines
 
 HEADER_KEYS = ("user_name", "character_name", "chat_metadata")
@@ -73,11 +74,9 @@ def _is_header(row: dict[str, Any]) -> bool:
 
 def _object(path: Path, number: int, text: str) -> dict[str, Any]:
     try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise StoryError(path, number, f"malformed JSON at column {exc.pos + 1}: {exc.msg}") from None
-    except RecursionError:
-        raise StoryError(path, number, "JSON nested too deeply to be a chat row") from None
+        obj = loads(text)
+    except JSONProblem as exc:
+        raise StoryError(path, number, exc.message) from None
     if not isinstance(obj, dict):
         raise StoryError(path, number, f"expected a JSON object, found {type(obj).__name__}")
     return obj
