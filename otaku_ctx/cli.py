@@ -302,7 +302,8 @@ def build_cmd(
 
     built, _ = request.run()
     a, io = built.assembly, terminal()
-    if a.refusal:
+    if a.refusal or built.prompt is None:
+        assert a.refusal is not None
         raise ContextOverflow(a, f"{story}: {refusal_message(a.refusal, built.budget)}")
     if output is None:
         # A person at a terminal gets the cursor back on a new line; a pipe gets the prompt exactly.

@@ -168,7 +168,7 @@ def _encodable(text: str) -> bool:
 
 def _rank(core: Any, token: bytes) -> int | None:
     try:
-        return core.encode_single_token(token)
+        return int(core.encode_single_token(token))
     except KeyError:
         return None
 
@@ -225,7 +225,7 @@ def _merge_runs(core: Any, runs: list[list[Any]]) -> int | None:
                 if r is not None and (best is None or r < best[0]):
                     best = (r, i, False)
         if best is None:
-            return sum(count for _, count in runs)
+            return int(sum(count for _, count in runs))
         r, i, inside = best
         token, count = runs[i]
         if inside:

@@ -311,7 +311,7 @@ def _profile(path: Path, part: _Part) -> _Profile:
     user = data.get("user")
     file_name = data.get("file_name")
     return _Profile(
-        Card(name=name, **values),
+        Card(name=name, **values),  # type: ignore[arg-type]  # only the text fields of PROFILE_FIELDS
         user if isinstance(user, str) else "",
         file_name if isinstance(file_name, str) else "",
     )
