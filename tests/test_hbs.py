@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pybars
@@ -261,22 +260,17 @@ def test_serene_template_without_post_history_content_has_no_reminder() -> None:
     assert [block.role for block in blocks] == ["system", "user", "assistant", "user", "assistant"]
 
 
-def test_serene_template_renders_200_messages_quickly() -> None:
+def test_serene_template_renders_200_messages_one_block_each() -> None:
+    """How fast it renders is measured by benchmarks/template_render.py, never asserted here."""
     template = compile_template(SERENE.read_text(encoding="utf-8"), "serene.hbs")
     context = serene_context()
     context["chatMessages"] = [
         {"role": ("user", "assistant")[number % 2], "name": "N", "message": "line " * 40} for number in range(200)
     ]
     context["postHistory"]["targetIndex"] = 199
-    best = min(_seconds(template.render, context) for _ in range(5))
-    assert len(template.render(context)) == 202
-    assert best < 0.010
-
-
-def _seconds(function, *args) -> float:
-    start = time.perf_counter()
-    function(*args)
-    return time.perf_counter() - start
+    blocks = template.render(context)
+    assert len(blocks) == 202
+    assert [b.role for b in blocks[1:201] if b.role != "system"] == [("user", "assistant")[n % 2] for n in range(200)]
 
 
 # --- untrusted templates: no attributes, no calls, no code -------------------------------------

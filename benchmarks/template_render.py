@@ -1,0 +1,43 @@
+"""How long the shipped templates take to render a chat, median of several runs.
+
+    python benchmarks/template_render.py [--messages 200] [--runs 7]
+
+The figures are for reading, never asserted in a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from otaku_ctx.lookup import load_template  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=7)
+    args = parser.parse_args()
+    chat = [
+        {"role": ("user", "assistant")[n % 2], "name": "N", "message": "line " * 40, "kind": "message"}
+        for n in range(args.messages)
+    ]
+    context = {"chatMessages": chat, "postHistory": {"targetIndex": args.messages - 1, "hasContent": False}}
+    print(f"{args.messages} messages, median of {args.runs} runs")
+    for name in ("default", "serene", "sillytavern"):
+        template = load_template(name, None)
+        times = []
+        for _ in range(args.runs):
+            start = time.perf_counter()
+            template.render(context)
+            times.append(time.perf_counter() - start)
+        print(f"  {name:<12} {statistics.median(times) * 1000:7.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
