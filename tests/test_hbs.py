@@ -270,7 +270,7 @@ def test_serene_template_renders_200_messages_one_block_each() -> None:
     context["postHistory"]["targetIndex"] = 199
     blocks = template.render(context)
     assert len(blocks) == 202
-    assert [b.role for b in blocks[1:201] if b.role != "system"] == [("user", "assistant")[n % 2] for n in range(200)]
+    assert [b.role for b in blocks if b.role != "system"] == [("user", "assistant")[n % 2] for n in range(200)]
 
 
 # --- untrusted templates: no attributes, no calls, no code -------------------------------------
