@@ -72,7 +72,7 @@ class Names:
             return self.char or "Assistant"
         if message.role == "user":
             return self.user or "User"
-        return "System"
+        return ""  # a system row without a name (SillyTavern's narrator) is sent without one
 
 
 @dataclass(frozen=True)

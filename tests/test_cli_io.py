@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import typer.main
-from conftest import CASE3, REPO
+from conftest import CASE3, FIXTURES, REPO
 
 from otaku_ctx.cli import ExitStatus, Terminal, app, main
 from otaku_ctx.readers import READERS
@@ -267,3 +267,51 @@ def test_choices_are_the_cores():
 def test_version_needs_nothing_else():
     done = _run_process(["--version"])
     assert done.returncode == 0 and done.stdout.decode().startswith("ctx ")
+
+
+# ── Names, conversations and readers' notes (issue 8) ────────────────────────────────────
+
+ST115 = FIXTURES / "sillytavern" / "variants" / "st115-unused.jsonl"
+FINETUNE = FIXTURES / "neighbours" / "finetune.jsonl"
+CARD = FIXTURES / "sillytavern" / "seraphina-card.png"
+
+
+def test_inspect_says_where_each_name_came_from():
+    data = json.loads(ctx("inspect", ST115, "--card", CARD, "--json")[1])
+    assert data["names"] == {
+        "char": {"name": "Seraphina", "source": "card"},
+        "user": {"name": "Wren", "source": "user rows"},
+    }
+    data = json.loads(ctx("inspect", ST115, "--char", "Sera", "--user", "Robin", "--json")[1])
+    assert data["names"]["char"] == {"name": "Sera", "source": "--char"}
+    assert data["names"]["user"] == {"name": "Robin", "source": "--user"}
+
+
+def test_char_flag_names_the_open_turn_and_no_unused_name_is_left():
+    status, out, _ = ctx("build", ST115, "--card", CARD, "--char", "Sera")
+    assert status == 0 and out.rstrip(" ").endswith("Sera:")
+    assert "unused" not in ctx("build", ST115, "--card", CARD)[1]
+
+
+def test_a_narrator_row_goes_out_as_a_system_message():
+    status, out, _ = ctx("build", ST115, "--emit", "messages")
+    assert status == 0
+    roles = [m["role"] for m in json.loads(out)]
+    assert "system" in roles[1:]  # the narrator row, after the opening
+    assert "System:" not in ctx("build", ST115)[1]  # and it has no name to print
+
+
+def test_a_finetune_file_says_which_conversation_it_took():
+    status, out, err = ctx("build", FINETUNE)
+    assert status == 0 and "Question 3" in out and "Question 2" not in out
+    assert err.startswith("ctx: ") and "3" in err and err.count("\n") == 1
+    status, out, err = ctx("build", FINETUNE, "--conversation", "2")
+    assert status == 0 and "Question 2" in out and err == ""
+
+
+def test_a_conversation_out_of_range_or_on_a_story_of_one_is_an_error():
+    status, out, err = ctx("build", FINETUNE, "--conversation", "9")
+    assert status == ExitStatus.ERROR and out == "" and err.count("\n") == 1 and str(FINETUNE) in err
+    status, out, err = ctx("build", CASE3, "--conversation", "1")
+    assert status == ExitStatus.ERROR and out == "" and "leave out --conversation" in err
+    assert ctx("build", FINETUNE, "--conversation", "0")[0] == ExitStatus.USAGE
