@@ -74,6 +74,7 @@ class Terminal:
     color: bool = False
     width: int = 100
     environ: dict[str, str] = field(default_factory=dict)
+    progress_after: float = 0.5  # seconds of work before a progress bar appears (on a terminal)
 
     @classmethod
     def of_process(cls) -> Terminal:
@@ -218,13 +219,18 @@ class Request:
         from .tokens import make_counter
 
         settings = self.settings()
-        # The tokenizer first: its load-time peak is then over before the story takes memory.
-        make_counter(settings.model.tokenizer)
-        with as_regular_file(self.story, terminal().stdin) as path:
-            story = open_story(path, self.source_format, self.cards, self.conversation)
+        with progress(terminal()) as phase:
+            # The tokenizer first: its load-time peak is then over before the story takes memory.
+            phase("loading the tokenizer")
+            make_counter(settings.model.tokenizer)
+            phase(f"reading {self.story}")
+            with as_regular_file(self.story, terminal().stdin) as path:
+                story = open_story(path, self.source_format, self.cards, self.conversation)
+            phase(f"building the prompt from {len(story):,} messages")
+            built = build(story, settings, emit=self.emit)
         for note in story.notes:
             terminal().say(f"ctx: {note}")
-        return build(story, settings, emit=self.emit), story
+        return built, story
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -453,6 +459,46 @@ def _main(
 
 
 # ── Output and the one error boundary ────────────────────────────────────────────────────
+
+
+@contextmanager
+def progress(io: Terminal) -> Iterator[Callable[[str], None]]:
+    """A progress bar on stderr, for a person at a terminal, once the work has taken
+    `io.progress_after` seconds; never on stdout, never into a pipe. Yields a function that
+    names the current phase."""
+    if not io.stderr_tty or io.stderr is None:
+        yield lambda phase: None
+        return
+    import threading
+
+    state: dict[str, Any] = {"phase": "", "bar": None}
+    lock = threading.Lock()
+
+    def appear() -> None:
+        from .views import progress_bar
+
+        with lock:
+            if state["bar"] is None:
+                state["bar"] = progress_bar(io.stderr, color=io.color)
+                state["bar"].start(state["phase"])
+
+    def phase(text: str) -> None:
+        with lock:
+            state["phase"] = text
+            if state["bar"] is not None:
+                state["bar"].update(text)
+
+    timer = threading.Timer(io.progress_after, appear)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield phase
+    finally:
+        timer.cancel()
+        with lock:
+            if state["bar"] is not None:
+                state["bar"].stop()
+            state["bar"] = False  # a timer that fires late shows nothing
 
 
 class StdoutClosed(Exception):

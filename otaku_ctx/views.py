@@ -107,3 +107,30 @@ def console(stream: IO[str], *, color: bool, width: int | None = None) -> Consol
         force_terminal=color,
         width=width,
     )
+
+
+class progress_bar:  # noqa: N801 - used like a function
+    """A transient, pulsing Rich progress bar with the current phase and the time taken."""
+
+    def __init__(self, stream: IO[str], *, color: bool) -> None:
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            console=Console(file=stream, force_terminal=True, color_system="auto" if color else None),
+            transient=True,
+        )
+        self.task = self.progress.add_task("", total=None)
+
+    def start(self, phase: str) -> None:
+        self.progress.update(self.task, description=phase)
+        self.progress.start()
+
+    def update(self, phase: str) -> None:
+        self.progress.update(self.task, description=phase)
+
+    def stop(self) -> None:
+        self.progress.stop()

@@ -315,3 +315,15 @@ def test_a_conversation_out_of_range_or_on_a_story_of_one_is_an_error():
     status, out, err = ctx("build", CASE3, "--conversation", "1")
     assert status == ExitStatus.ERROR and out == "" and "leave out --conversation" in err
     assert ctx("build", FINETUNE, "--conversation", "0")[0] == ExitStatus.USAGE
+
+
+# ── Progress ─────────────────────────────────────────────────────────────────────────────
+
+
+def test_a_slow_build_shows_progress_on_a_terminal_and_nowhere_else(expected):
+    """With the delay at 0, the bar appears at once: on stderr, never in the prompt."""
+    status, out, err = ctx("build", CASE3, stderr_tty=True, progress_after=0.0)
+    assert status == 0 and out == expected
+    assert "\x1b[" in err and err.rstrip("\n").endswith("(cl100k_base)")  # the bar, cleared, then the summary
+    status, out, err = ctx("build", CASE3, stderr_tty=False, progress_after=0.0)
+    assert (status, out, err) == (0, expected, "")
