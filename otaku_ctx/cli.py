@@ -466,7 +466,8 @@ def progress(io: Terminal) -> Iterator[Callable[[str], None]]:
     """A progress bar on stderr, for a person at a terminal, once the work has taken
     `io.progress_after` seconds; never on stdout, never into a pipe. Yields a function that
     names the current phase."""
-    if not io.stderr_tty or io.stderr is None:
+    stream = io.stderr
+    if not io.stderr_tty or stream is None:
         yield lambda phase: None
         return
     import threading
@@ -479,8 +480,8 @@ def progress(io: Terminal) -> Iterator[Callable[[str], None]]:
 
         with lock:
             if state["bar"] is None:
-                state["bar"] = progress_bar(io.stderr, color=io.color)
-                state["bar"].start(state["phase"])
+                bar = state["bar"] = progress_bar(stream, color=io.color)
+                bar.start(state["phase"])
 
     def phase(text: str) -> None:
         with lock:
