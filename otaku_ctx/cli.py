@@ -35,17 +35,11 @@ if TYPE_CHECKING:
 
 
 class _Argument(TyperArgument):
-    """Arguments shown the usual Unix way: `ctx build [OPTIONS] STORY`, not `{story}` (Typer's
-    own style since 0.2x)."""
+    """Arguments shown the usual Unix way, `ctx build [OPTIONS] STORY`, not Typer's `{story}`."""
 
-    def _usage_display_name(self) -> str:
-        return self.display_name_raw.upper()
-
-    def _rich_display_name(self) -> str:
-        return self.display_name_raw.upper()
-
-    def display_type_rich(self, ctx: Any) -> str:
-        return ""
+    def make_metavar(self, ctx: Any, *, usage: bool = False) -> str:
+        name = (self.metavar or self.name or "").upper()
+        return name if self.required or not usage else f"[{name}]"
 
 
 setattr(typer.main, "TyperArgument", _Argument)  # noqa: B010 - the class Typer builds arguments with
