@@ -7,7 +7,9 @@ taken on what is actually emitted.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from .assembler import Assembly, Part
@@ -43,13 +45,24 @@ class TemplatePricer:
     way; the assembler still takes the exact count of the prompt it chooses.
     """
 
-    def __init__(self, renderer: PromptRenderer, counter: TokenCounter) -> None:
+    def __init__(self, renderer: PromptRenderer, counter: TokenCounter, *, derive: bool = True) -> None:
         self.renderer = renderer
         self.count = counter
+        self.derive = derive  # False: render every part (what the derived prices are tested against)
         self._fixed: int | None = None
         self._opening: int | None = None
         self._cache: dict[tuple[str, Part], int] = {}
         self._rendered: tuple[tuple[Any, ...], list[Block]] | None = None
+        self._renders: dict[tuple[tuple[Part, ...], ...], list[str]] = {}
+        self._shapes: dict[tuple[Any, ...], tuple[list[str], list[str]] | None] = {}
+
+    def rendered_pieces(self, head: Sequence[Part], recap: Sequence[Part], tail: Sequence[Part]) -> list[str]:
+        """The pieces of a render, kept: a price renders the same stand-ins again and again."""
+        key = (tuple(head), tuple(recap), tuple(tail))
+        found = self._renders.get(key)
+        if found is None:
+            found = self._renders[key] = self.pieces(self.renderer.render(head, recap, tail))
+        return found
 
     def pieces(self, blocks: Sequence[Block]) -> list[str]:
         if self.renderer.chat_counted:
@@ -94,8 +107,11 @@ class TemplatePricer:
         cached = self._cache.get(key)
         if cached is None:
             before = [_PROBES[after]] if after else []
-            render = self.renderer.render
-            cached = self._cache[key] = self.delta(render(before, [], []), render([*before, part], [], []))
+            cached = self._derived(part, before, [])
+            if cached is None:
+                old, new = self.rendered_pieces(before, [], []), self.rendered_pieces([*before, part], [], [])
+                cached = self._price(old, new)
+            self._cache[key] = cached
         return cached
 
     def recap_part(self, part: Part) -> int:
@@ -103,10 +119,57 @@ class TemplatePricer:
         key = ("recap", part)
         cached = self._cache.get(key)
         if cached is None:
-            render = self.renderer.render
-            before = render([_PROBE_USER], [_PROBE_RECAP], [])
-            cached = self._cache[key] = self.delta(before, render([_PROBE_USER], [_PROBE_RECAP, part], []))
+            cached = self._derived(part, [_PROBE_USER], [_PROBE_RECAP])
+            if cached is None:
+                old = self.rendered_pieces([_PROBE_USER], [_PROBE_RECAP], [])
+                cached = self._price(old, self.rendered_pieces([_PROBE_USER], [_PROBE_RECAP, part], []))
+            self._cache[key] = cached
         return cached
+
+    def _price(self, old: list[str], new: list[str]) -> int:
+        start, end_old, end_new = _difference(old, new)
+        return self.region(new, start, end_new) - self.region(old, start, end_old)
+
+    # A part's price without rendering it: most templates print a message's text (or a
+    # summary's) and nothing that depends on it, so the part rendered once with a stand-in
+    # text, then the real text put in its place, is the part rendered. Whether a template
+    # does that is tested once per shape, by rendering two stand-ins whose texts differ in
+    # every way a template could treat text differently (quotes, backslashes, newlines,
+    # markup) and whose numbers differ; only when the two renders differ by the text alone
+    # is a price derived. The fit is still confirmed on the real render of the prompt.
+
+    def _derived(self, part: Part, head: list[Part], recap: list[Part]) -> int | None:
+        entry = self.renderer.variables.entry(part)
+        values = {"text": entry["message"], "scene": str(entry["scene"]), "title": entry["title"]}
+        if not self.derive or part.kind == "card" or not values["text"]:
+            return None
+        if any(mark in value for value in values.values() for mark in _ALL_MARKS):
+            return None
+        key = (part.kind, entry["role"], entry["name"], bool(entry["title"]), tuple(head), tuple(recap))
+        if key not in self._shapes:
+            self._shapes[key] = self._shape(part, head, recap)
+        shape = self._shapes[key]
+        if shape is None:
+            return None
+        old, new = shape
+        return self._price(old, [_put(piece, 0, values) for piece in new])
+
+    def _shape(self, part: Part, head: list[Part], recap: list[Part]) -> tuple[list[str], list[str]] | None:
+        """The render before the part and with a stand-in for it, when the stand-ins show
+        that only the text changes with the text."""
+        first, second = _stand_in(part, 0), _stand_in(part, 1)
+        if first is None or second is None:
+            return None
+        if recap:
+            old = self.rendered_pieces(head, recap, [])
+            a, b = (self.rendered_pieces(head, [*recap, p], []) for p in (first, second))
+        else:
+            old = self.rendered_pieces(head, [], [])
+            a, b = (self.rendered_pieces([*head, p], [], []) for p in (first, second))
+        other = {name: marks[1] for name, marks in _MARKS.items()}
+        if [_put(piece, 0, other) for piece in a] != b:
+            return None
+        return old, a
 
     def recap_opening(self, after: Role | None = None) -> int:
         """What a non-empty recap costs beyond its parts' run prices, after a turn of role `after`."""
@@ -136,6 +199,38 @@ class TemplatePricer:
             contents = [m["content"] for m in self.renderer.messages(blocks)]
             return sum(self.count(c) + MESSAGE_OVERHEAD for c in contents) + REPLY_PRIMING
         return self.count(self.renderer.text(blocks))
+
+
+# The stand-in texts of `_derived`: private-use characters around a per-run nonce (story text
+# cannot predict them); the second holds what escaping or JSON would change.
+_NONCE = secrets.token_hex(6)
+_MARKS = {
+    name: (f"\ue000{name}-{_NONCE}\ue001", f'\ue000<{name}>&"q"\\\n\r\t-{_NONCE}\ue001')
+    for name in ("text", "scene", "title")
+}
+_ALL_MARKS = [mark for pair in _MARKS.values() for mark in pair]
+
+
+def _put(piece: str, which: int, values: dict[str, str]) -> str:
+    """`piece` with the stand-in marks `which` (0 or 1) replaced by `values`."""
+    for name, value in values.items():
+        piece = piece.replace(_MARKS[name][which], value)
+    return piece
+
+
+def _stand_in(part: Part, which: int) -> Part | None:
+    """`part` with stand-in marks in place of its text (and scene id and title), and another
+    number; None for a part that has no text of its own to stand in for."""
+    m, scene = part.message, part.scene
+    text = _MARKS["text"][which]
+    if part.kind == "message" and m is not None:
+        return Part("message", message=replace(m, number=which + 1, content=text))
+    if scene is not None and part.kind in ("summary", "history"):
+        title = _MARKS["title"][which] if scene.title else ""
+        stand_in = replace(scene, order=which + 1, id=_MARKS["scene"][which], title=title)
+        stand_in = replace(stand_in, summary=text) if part.kind == "summary" else replace(stand_in, history=text)
+        return Part(part.kind, scene=stand_in)
+    return None
 
 
 # Stand-ins the pricer renders beside a part, so the part is measured where it will stand.
