@@ -1,76 +1,403 @@
-"""Benchmark: median time of `ctx build` and of `assemble()` alone, on generated stories.
+"""Benchmark: `ctx build` against otaku 0.8's own assembler and against the floor, whole process.
 
-    python benchmarks/bench.py                 # 1k, 10k, 100k messages, cl100k_base
-    python benchmarks/bench.py --tokenizer estimate --sizes 1000 10000
+    python benchmarks/bench.py                     # 1k, 10k, 100k, 300k messages, 5 runs each
+    python benchmarks/bench.py --quick             # 1k and 10k, 3 runs
+    python benchmarks/bench.py --sizes 1000 --repeats 9 --startup
+    python benchmarks/bench.py --ctx /work/venv/bin/ctx --no-otaku
 
-Stories come from storygen.py: scenes of 20 messages, every scene summarised, one in ten
-with a history. `ctx build` is timed as a whole process (Python start-up, reading the file,
-assembling, rendering, printing); `assemble()` is timed in-process on the story already
-read, with a fresh token counter each run so nothing is cached between runs.
+Every figure is a whole process, timed from spawn to exit, with its peak RSS read from the
+child's own rusage (wait4; it never reads below what this small parent held, ~20 MB, the
+size of a bare `python -c pass`). For each size it times:
+
+- floor: the configured Python starting, importing json and reading the story file — what
+  any Python tool pays before it does anything; "+parse" also json-decodes every line.
+- ctx: `ctx build STORY --template T` for each template (`default`, `serene`), run from the
+  checkout this script lives in (`PYTHONPATH=<repo> <python> -c "...entry()"`) with the
+  interpreter given by --python (default: the one running this script), or the command
+  given by --ctx (e.g. an installed `ctx`). OTAKU_HOME points at an empty folder in the
+  cache, so no user config changes the figures; window, head and tail are passed explicitly.
+- otaku: otaku 0.8.0's `assemble_story` on the same story, converted to otaku's Markdown
+  export by otaku's own writer and read back by otaku's own parser (otaku_adapter.py says
+  exactly what is and is not timed). otaku is installed with pip into a venv in the cache
+  on first use; when that fails (no registry), its column says so and the rest runs.
+
+Then one in-process run per size and template of phases.py: where ctx's time goes.
+--startup adds `ctx --version` / `ctx --help` times and the top imports of
+`python -X importtime -c "import otaku_ctx.cli"`.
+
+Generated stories and otaku's venv live in the cache folder (--cache-dir, default
+~/.cache/otaku-ctx-bench), never in the repository. A process slower than --slow seconds is
+run once; one slower than --timeout seconds is stopped and reported as ">timeout".
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
+import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import storygen  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
-from otaku_ctx.assembler import assemble  # noqa: E402
-from otaku_ctx.build import budget_of, renderer_for, shape_of  # noqa: E402
-from otaku_ctx.config import load_settings  # noqa: E402
-from otaku_ctx.pricing import TemplatePricer  # noqa: E402
-from otaku_ctx.readers import read_story  # noqa: E402
-from otaku_ctx.tokens import make_counter  # noqa: E402
+OTAKU_VERSION = "0.8.0"
+SIZES = [1_000, 10_000, 100_000, 300_000]
+QUICK_SIZES = [1_000, 10_000]
+TEMPLATES = ["default", "serene"]
+ENTRY = "import sys; from otaku_ctx.__main__ import entry; sys.argv[0] = 'ctx'; entry()"
+FLOOR = "import json, sys\nwith open(sys.argv[1], encoding='utf-8') as f: f.read()"
+PARSE = "import json, sys\nwith open(sys.argv[1], encoding='utf-8') as f:\n    for line in f: json.loads(line)"
 
 
-def median_seconds(action, runs: int) -> float:
-    times = []
-    for _ in range(runs):
+# ---------- running one child ----------
+
+
+@dataclass
+class Run:
+    seconds: float
+    rss_mb: float
+    code: int | None  # None: stopped at the timeout
+    out_bytes: int
+    err: str
+
+
+def run_once(command: list[str], env: dict[str, str], scratch: Path, timeout: float) -> Run:
+    """Spawn `command`, wait for it with wait4 and return its wall time and peak RSS.
+    stdout and stderr go to files so a big prompt can never block on a pipe."""
+    out_path, err_path = scratch / "stdout", scratch / "stderr"
+    with out_path.open("wb") as out, err_path.open("wb") as err:
         start = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env)
+        stopped = threading.Event()
+
+        def stop() -> None:
+            stopped.set()
+            child.kill()
+
+        timer = threading.Timer(timeout, stop) if timeout > 0 else None
+        if timer:
+            timer.start()
+        _, status, usage = os.wait4(child.pid, 0)
+        seconds = time.perf_counter() - start
+        if timer:
+            timer.cancel()
+        child.returncode = os.waitstatus_to_exitcode(status)  # so Popen does not wait again
+    return Run(
+        seconds=seconds,
+        rss_mb=usage.ru_maxrss / 1024,  # kilobytes on Linux
+        code=None if stopped.is_set() else child.returncode,
+        out_bytes=out_path.stat().st_size,
+        err=err_path.read_text(encoding="utf-8", errors="replace").strip(),
+    )
 
 
-def main() -> int:
+@dataclass
+class Measure:
+    runs: list[Run] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def median(self) -> float | None:
+        done = [r.seconds for r in self.runs if r.code is not None]
+        return statistics.median(done) if done and len(done) == len(self.runs) else None
+
+    @property
+    def rss(self) -> float | None:
+        return max(r.rss_mb for r in self.runs) if self.runs else None
+
+    @property
+    def code(self) -> int | None:
+        return self.runs[-1].code if self.runs else None
+
+    def cell(self) -> str:
+        if not self.runs:
+            return self.note or "-"
+        if self.code is None:
+            return f">{self.runs[-1].seconds:.0f}s"
+        text = seconds(self.median)
+        if self.code != 0:
+            text += f" !{self.code}"
+        return text + ("" if len(self.runs) > 1 else "¹")
+
+
+def measure(
+    command: list[str], env: dict[str, str], scratch: Path, repeats: int, slow: float, timeout: float
+) -> Measure:
+    m = Measure()
+    for _ in range(repeats):
+        r = run_once(command, env, scratch, timeout)
+        m.runs.append(r)
+        if r.code is None or r.seconds > slow:
+            break
+    return m
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f}ms" if value < 10 else f"{value:.1f}s"
+
+
+def ratio(a: Measure, b: Measure) -> str:
+    if a.median is None or not b.runs:
+        return "-"
+    if b.code is None:  # b timed out: a is at most this fraction of it
+        return f"<{a.median / b.runs[-1].seconds:.2g}"
+    if b.median is None:
+        return "-"
+    value = a.median / b.median
+    return f"{value:.2f}" if value >= 0.1 else f"{value:.2g}"
+
+
+# ---------- what is compared ----------
+
+
+@dataclass
+class Setup:
+    ctx: list[str]  # the command that runs `ctx`
+    python: str  # the interpreter for the floor, phases.py and -X importtime
+    env: dict[str, str]
+    otaku: str | None  # otaku's venv python, or None
+    otaku_note: str
+    cache: Path
+    scratch: Path
+
+
+def ctx_setup(args: argparse.Namespace, cache: Path) -> tuple[list[str], dict[str, str]]:
+    home = cache / "otaku-home"  # an empty OTAKU_HOME: no user config in the figures
+    home.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OTAKU_HOME=str(home), PYTHONPATH=str(args.repo))
+    env.pop("PYTHONIOENCODING", None)
+    command = shlex.split(args.ctx) if args.ctx else [args.python, "-c", ENTRY]
+    return command, env
+
+
+def otaku_setup(args: argparse.Namespace, cache: Path) -> tuple[str | None, str]:
+    """otaku 0.8's interpreter: --otaku-python, or a venv in the cache, made on first use."""
+    if args.no_otaku:
+        return None, "skipped (--no-otaku)"
+    if args.otaku_python:
+        return args.otaku_python, ""
+    venv = cache / f"otaku-{OTAKU_VERSION}-venv"
+    python = venv / "bin" / "python"
+    check = [str(python), "-c", f"import otaku, sys; sys.exit(otaku.__version__ != {OTAKU_VERSION!r})"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return str(python), ""
+    print(f"installing otaku {OTAKU_VERSION} into {venv} ...", file=sys.stderr)
+    try:
+        base = getattr(sys, "_base_executable", sys.executable)
+        subprocess.run([base, "-m", "venv", "--clear", str(venv)], check=True, capture_output=True, timeout=300)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"otaku=={OTAKU_VERSION}"],
+            check=True,
+            capture_output=True,
+            timeout=900,
+        )
+        subprocess.run(check, check=True, capture_output=True)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
+        detail = getattr(e, "stderr", b"") or b""
+        last = detail.decode(errors="replace").strip().splitlines()[-1:] or [str(e)]
+        return None, f"otaku {OTAKU_VERSION} could not be installed ({last[0][:120]}); skipped"
+    return str(python), ""
+
+
+def story_for(n: int, cache: Path) -> Path:
+    """The generated story of n messages, cached by the generator's own source."""
+    key = hashlib.sha256((HERE / "storygen.py").read_bytes()).hexdigest()[:10]
+    path = cache / "stories" / f"story-{n}-{key}.jsonl"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".part")
+        # In a child: a peak RSS read from rusage includes what the parent held when it forked,
+        # so this process must never hold a whole story.
+        subprocess.run([sys.executable, str(HERE / "storygen.py"), "story", str(n), str(partial)], check=True)
+        partial.replace(path)
+    return path
+
+
+def export_for(story: Path, otaku: str) -> Path:
+    export = story.with_suffix(".otaku.md")
+    if not export.exists():
+        partial = export.with_suffix(".part")
+        subprocess.run([otaku, str(HERE / "otaku_adapter.py"), "export", str(story), str(partial)], check=True)
+        partial.replace(export)
+    return export
+
+
+# ---------- the sections ----------
+
+
+def startup(s: Setup, args: argparse.Namespace) -> None:
+    print(f"\n## start-up (median of {args.repeats} runs)\n")
+    floor = measure([s.python, "-c", "pass"], s.env, s.scratch, args.repeats, args.slow, args.timeout)
+    print(f"{'command':<34} {'median':>8} {'peak RSS':>9}")
+    print(f"{'python -c pass':<34} {floor.cell():>8} {floor.rss:>7.0f}MB")
+    for flag in ("--version", "--help"):
+        m = measure([*s.ctx, flag], s.env, s.scratch, args.repeats, args.slow, args.timeout)
+        print(f"{'ctx ' + flag:<34} {m.cell():>8} {m.rss:>7.0f}MB")
+    done = subprocess.run(
+        [s.python, "-X", "importtime", "-c", "import otaku_ctx.cli"], env=s.env, capture_output=True, text=True
+    )
+    rows = []
+    for line in done.stderr.splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        own, total, name = (part.strip() for part in line[len("import time:") :].split("|"))
+        rows.append((int(own), int(total), name))
+    if not rows:
+        print(f"\nimporttime: no output ({done.stderr.strip()[-200:]})")
+        return
+    whole = next((t for _, t, name in rows if name.strip() == "otaku_ctx.cli"), max(t for _, t, _ in rows))
+    print(f"\n`python -X importtime -c 'import otaku_ctx.cli'`: {whole / 1000:.0f}ms in all; top 20 by own time\n")
+    print(f"{'own':>8} {'cumulative':>11}  module")
+    for own, total, name in sorted(rows, reverse=True)[:20]:
+        print(f"{own / 1000:>6.1f}ms {total / 1000:>9.1f}ms  {name.strip()}")
+
+
+def sizes(s: Setup, args: argparse.Namespace) -> None:
+    flags = ["--window", str(args.window), "--head", str(args.head), "--tail", str(args.tail)]
+    if args.tokenizer:
+        flags += ["--tokenizer", args.tokenizer]
+    rows = []
+    for n in args.sizes:
+        story = story_for(n, s.cache)
+        row: dict[str, object] = {"n": n, "mb": story.stat().st_size / 1e6}
+        print(f"{n:,} messages ({row['mb']:.1f} MB) ...", file=sys.stderr, flush=True)
+        timed = (s.scratch, args.repeats, args.slow, args.timeout)
+        row["floor"] = measure([s.python, "-c", FLOOR, str(story)], s.env, *timed)
+        row["parse"] = measure([s.python, "-c", PARSE, str(story)], s.env, *timed)
+        for template in args.templates:
+            m = measure([*s.ctx, "build", str(story), "--template", template, *flags], s.env, *timed)
+            if m.code not in (0, None):
+                m.note = m.runs[-1].err.splitlines()[-1][:160] if m.runs[-1].err else "no message"
+            elif m.code == 0 and not m.runs[-1].out_bytes:
+                m.note = "exit 0 but nothing on stdout"
+            row[template] = m
+        if s.otaku:
+            export = export_for(story, s.otaku)
+            command = [s.otaku, str(HERE / "otaku_adapter.py"), "build", str(export), *flags[:6]]
+            row["otaku"] = measure(command, dict(os.environ), s.scratch, args.repeats, args.slow, args.otaku_timeout)
+        else:
+            row["otaku"] = Measure(note="n/a")
+        row["phases"] = {t: phases(s, story, t, flags) for t in args.templates} if args.phases else {}
+        rows.append(row)
+    report(rows, s, args)
+
+
+def phases(s: Setup, story: Path, template: str, flags: list[str]) -> dict | str:
+    command = [s.python, str(HERE / "phases.py"), str(story), "--template", template, *flags]
+    done = subprocess.run(command, env=s.env, capture_output=True, text=True)
+    try:
+        return json.loads(done.stdout)
+    except ValueError:
+        return "unavailable: " + (done.stderr.strip().splitlines() or ["no output"])[-1][:120]
+
+
+def report(rows: list[dict], s: Setup, args: argparse.Namespace) -> None:
+    t = args.templates
+    first, second = t[0], t[-1]
+    print(f"\n## whole process, median of {args.repeats} runs (¹ = one run: slower than {args.slow:g}s)\n")
+    heads = ["messages", "file", "floor", "+parse", *[f"ctx {x}" for x in t], "otaku 0.8"]
+    print("| " + " | ".join(heads) + " |")
+    print("|" + "|".join("---:" for _ in heads) + "|")
+    for r in rows:
+        cells = [f"{r['n']:,}", f"{r['mb']:.1f}MB", r["floor"].cell(), r["parse"].cell()]
+        cells += [r[x].cell() for x in t] + [r["otaku"].cell()]
+        print("| " + " | ".join(cells) + " |")
+    print("\n## ratios (below 1: ctx is faster)\n")
+    heads = ["messages", *[f"{x}/otaku" for x in t], *[f"{x}/floor" for x in t]]
+    if len(t) > 1:
+        heads.append(f"{second}/{first}")
+    print("| " + " | ".join(heads) + " |")
+    print("|" + "|".join("---:" for _ in heads) + "|")
+    for r in rows:
+        cells = [f"{r['n']:,}"] + [ratio(r[x], r["otaku"]) for x in t] + [ratio(r[x], r["floor"]) for x in t]
+        if len(t) > 1:
+            cells.append(ratio(r[second], r[first]))
+        print("| " + " | ".join(cells) + " |")
+    print("\n## peak RSS (largest of the runs)\n")
+    heads = ["messages", "floor", "+parse", *[f"ctx {x}" for x in t], "otaku 0.8"]
+    print("| " + " | ".join(heads) + " |")
+    print("|" + "|".join("---:" for _ in heads) + "|")
+    for r in rows:
+        ms = [r["floor"], r["parse"], *[r[x] for x in t], r["otaku"]]
+        print(f"| {r['n']:,} | " + " | ".join(f"{m.rss:.0f}MB" if m.rss else "-" for m in ms) + " |")
+    if any(r["phases"] for r in rows):
+        names = ["start-up", "tokenizer", "read", "template", "assemble", "render", "total"]
+        print("\n## where ctx's time goes (one in-process run of phases.py; ms)\n")
+        print("| messages | template | " + " | ".join(names) + " | case |")
+        print("|---:|---|" + "|".join("---:" for _ in names) + "|---:|")
+        for r in rows:
+            for template, p in r["phases"].items():
+                if isinstance(p, str):
+                    print(f"| {r['n']:,} | {template} | {p} |")
+                else:
+                    cells = " | ".join(f"{p.get(k, '-'):.0f}" for k in names)
+                    print(f"| {r['n']:,} | {template} | {cells} | {p.get('case')} |")
+    notes = [f"{r['n']:,} ctx {x}: exit {r[x].code}: {r[x].note}" for r in rows for x in t if r[x].note]
+    notes += [f"otaku: {s.otaku_note}"] if s.otaku_note else []
+    if s.otaku:
+        notes.append(
+            "otaku 0.8 = its export parser + `assemble_story`, tokens as len/4, no template (otaku_adapter.py)"
+        )
+    if notes:
+        print("\nnotes:")
+        for line in notes:
+            print(f"- {line}")
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
-    parser.add_argument("--tokenizer", default="cl100k_base", choices=["cl100k_base", "estimate"])
-    parser.add_argument("--runs", type=int, default=5)
-    args = parser.parse_args()
-    ctx = Path(sys.executable).with_name("ctx")
-    settings = load_settings(overrides={"model.tokenizer": (args.tokenizer, "--tokenizer")})
-    print(f"tokenizer {args.tokenizer}, window {settings['model.window']:,}, median of {args.runs} runs")
-    print(f"{'messages':>9}  {'file':>8}  {'read':>8}  {'assemble()':>10}  {'ctx build':>9}  case  tokens")
-    with tempfile.TemporaryDirectory() as tmp:
-        for n in args.sizes:
-            path = Path(tmp) / f"story-{n}.jsonl"
-            storygen.write(path, storygen.records(n))
-            story = read_story(path)
-
-            def assemble_once(story=story):
-                counter = make_counter(args.tokenizer)
-                budget = budget_of(story, settings, counter)
-                pricer = TemplatePricer(renderer_for(story, settings, reserve=budget.reserve), counter)
-                return assemble(story, shape_of(settings), budget.limit, pricer, reserve=budget.reserve)
-
-            a = assemble_once()
-            read = median_seconds(lambda path=path: read_story(path), args.runs)
-            alone = median_seconds(assemble_once, args.runs)
-            command = [str(ctx), "build", str(path), "--tokenizer", args.tokenizer]
-            whole = median_seconds(lambda c=command: subprocess.run(c, check=True, capture_output=True), args.runs)
-            size = path.stat().st_size / 1e6
-            print(
-                f"{n:>9,}  {size:>6.1f}MB  {read * 1000:>6.0f}ms  {alone * 1000:>8.0f}ms  "
-                f"{whole * 1000:>7.0f}ms  {a.case:>4}  {a.tokens:,}"
-            )
+    parser.add_argument("--sizes", type=int, nargs="*", help=f"story sizes in messages (default {SIZES})")
+    parser.add_argument("--repeats", type=int, help="runs per figure, the median reported (default 5)")
+    parser.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES} and 3 runs")
+    parser.add_argument("--templates", nargs="+", default=TEMPLATES)
+    parser.add_argument("--python", default=sys.executable, help="interpreter for ctx and the floor")
+    parser.add_argument("--repo", type=Path, default=HERE.parent, help="checkout put on PYTHONPATH")
+    parser.add_argument("--ctx", help='a ctx command to run instead, e.g. "/work/venv/bin/ctx"')
+    parser.add_argument("--tokenizer", help="passed to ctx (default: ctx's own, cl100k_base)")
+    parser.add_argument("--window", type=int, default=8192)
+    parser.add_argument("--head", type=int, default=20)
+    parser.add_argument("--tail", type=int, default=150)
+    parser.add_argument("--startup", action="store_true", help="also time --version/--help and list imports")
+    parser.add_argument("--no-phases", dest="phases", action="store_false", help="skip the phase breakdown")
+    parser.add_argument("--no-otaku", action="store_true", help="do not install or run otaku")
+    parser.add_argument("--otaku-python", help="an interpreter that already has otaku 0.8.0")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "otaku-ctx-bench",
+        help="stories, otaku's venv, scratch files (default ~/.cache/otaku-ctx-bench)",
+    )
+    parser.add_argument("--slow", type=float, default=10.0, help="a run slower than this is not repeated")
+    parser.add_argument("--timeout", type=float, default=300.0, help="stop a ctx or floor run after this")
+    parser.add_argument("--otaku-timeout", type=float, default=900.0, help="stop an otaku run after this")
+    args = parser.parse_args(argv)
+    if args.sizes is None:
+        args.sizes = QUICK_SIZES if args.quick else SIZES
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 5
+    cache = args.cache_dir.expanduser()
+    scratch = cache / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    command, env = ctx_setup(args, cache)
+    otaku, note = otaku_setup(args, cache) if args.sizes else (None, "")
+    s = Setup(command, args.python, env, otaku, note, cache, scratch)
+    version = subprocess.run([*command, "--version"], env=env, capture_output=True, text=True).stdout.strip()
+    print(f"# {version or 'ctx ?'} ({' '.join(command[:2])} …, PYTHONPATH={args.repo})")
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; cache {cache}")
+    print(f"window {args.window}, head {args.head}, tail {args.tail}, tokenizer {args.tokenizer or 'ctx default'}")
+    if args.startup:
+        startup(s, args)
+    if args.sizes:
+        sizes(s, args)
     return 0
 
 
