@@ -14,6 +14,7 @@ from .blocks import Block
 from .errors import ConfigError
 from .formats import Format, render_messages, render_text, stop_sequences
 from .hbs import Template
+from .presets import PresetTemplate
 from .variables import OPEN_MARK, Variables
 
 EMITS = ("text", "messages", "openai-chat", "openai-completion")
@@ -28,7 +29,7 @@ class PromptRenderer:
     """Template + format + emit form: blocks for an assembly, and the prompt as printed."""
 
     variables: Variables
-    template: Template
+    template: Template | PresetTemplate
     format: Format
     emit: str = "text"
     reserve: int = 0
