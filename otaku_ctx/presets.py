@@ -282,7 +282,11 @@ class PresetTemplate:
         else:
             role = str(entry.get("role", "system"))
             text = f"{name}: {message}" if name and role != "system" else message
-        return Block(role if role in ROLES else "system", text + ("\n" if self.plain else ""))  # type: ignore[arg-type]
+        return Block(_role(role), text + ("\n" if self.plain else ""))
+
+
+def _role(name: str) -> Role:
+    return next((role for role in ROLES if role == name), "system")
 
 
 _STORY_KEYS = (
