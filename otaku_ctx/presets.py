@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -185,15 +185,17 @@ def story_string_text(
     return text
 
 
-def stop_strings(preset: ContextPreset, user: str, fill: Any = None) -> list[str]:
-    """The preset's stop strings, SillyTavern's way: `\\n{user}:` when names are stop strings
-    (the speaker's own name never), then `\\n` + chat start and example separator when the
-    separators are."""
-    fill = fill or (lambda text: text)
-    out = [f"\n{user}:"] if preset.names_as_stop_strings and user else []
+def stop_strings(
+    preset: ContextPreset, others: Sequence[str], fill: Callable[[str], str] = str, between: Sequence[str] = ()
+) -> list[str]:
+    """The stop strings, in SillyTavern's order: `\n{name}:` for the user and the other speakers
+    when names are stop strings (never the one who is to speak), then `between` (the format's),
+    then `\n` + chat start and example separator when the separators are stop strings."""
+    out = [f"\n{name}:" for name in others if name] if preset.names_as_stop_strings else []
+    out += list(between)
     if preset.use_stop_strings:
         out += [f"\n{fill(s)}" for s in (preset.chat_start, preset.example_separator) if s]
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(s for s in out if s))
 
 
 @dataclass(frozen=True)

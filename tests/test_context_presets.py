@@ -201,9 +201,19 @@ def test_without_always_add_name_the_prompt_ends_on_the_last_message() -> None:
 def test_stop_strings() -> None:
     preset = ContextPreset("p", chat_start="<{{char}}>", example_separator="***")
     fill = lambda s: s.replace("{{char}}", "Ilya")  # noqa: E731
-    assert stop_strings(preset, "Wren", fill) == ["\nWren:", "\n<Ilya>", "\n***"]
+    got = stop_strings(preset, ["Wren", "Oona"], fill, ["<|im_end|>"])
+    assert got == ["\nWren:", "\nOona:", "<|im_end|>", "\n<Ilya>", "\n***"]
     quiet = ContextPreset("p", use_stop_strings=False, names_as_stop_strings=False)
-    assert stop_strings(quiet, "Wren") == []
+    assert stop_strings(quiet, ["Wren"]) == []
+
+
+def test_stop_strings_in_a_request_body() -> None:
+    """names_as_stop_strings lists the user, never the character who is to speak."""
+    body = json.loads(prompt(ST / "context" / "default.json", "chatml", emit="openai-completion"))
+    assert body["stop"][0] == "\nWren:" and "\nIlya:" not in body["stop"] and "<|im_end|>" in body["stop"]
+    assert "\n***" not in body["stop"]  # the Default preset's use_stop_strings is false
+    custom = _preset_file({"story_string": "S", "use_stop_strings": True, "chat_start": "###"})
+    assert json.loads(prompt(custom, "chatml", emit="openai-completion"))["stop"][-2:] == ["\n###", "\n***"]
 
 
 def test_instruct_format_wraps_the_turns() -> None:
