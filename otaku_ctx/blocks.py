@@ -13,8 +13,11 @@ class Block:
 
     `open` marks the final turn the model is to continue ("Name: "): a text format leaves
     it unterminated, a chat format drops it or sends it as a prefill.
+    `kind` is "story" for a SillyTavern story string at its default place (a format may wrap
+    it with its story-string sequences instead of its system ones); otherwise empty.
     """
 
     role: Role
     text: str
     open: bool = False
+    kind: str = ""

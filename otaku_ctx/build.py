@@ -20,6 +20,7 @@ from .hbs import bound_for_window
 from .lookup import find_format, load_template
 from .model import Story
 from .names import ResolvedNames, resolve_names
+from .presets import for_format as bind_preset
 from .pricing import TemplatePricer
 from .readers import read_story
 from .tokens import TokenCounter, make_counter
@@ -104,6 +105,7 @@ def renderer_for(story: Story, settings: Settings, *, emit: str = "text", reserv
         template = load_template(p.template, home)
     with _usage_if_unknown(settings, "prompt.format", p.format):
         format = find_format(p.format, home)
+    template = bind_preset(template, format)  # a context preset renders for its format
     return PromptRenderer(variables, template, format, emit, reserve, bound_for_window(settings.model.window))
 
 

@@ -14,6 +14,8 @@ from .blocks import Block
 from .errors import ConfigError
 from .formats import Format, render_messages, render_text, stop_sequences
 from .hbs import Template
+from .presets import PresetTemplate
+from .presets import stop_strings as preset_stops
 from .variables import OPEN_MARK, Variables
 
 EMITS = ("text", "messages", "openai-chat", "openai-completion")
@@ -28,7 +30,7 @@ class PromptRenderer:
     """Template + format + emit form: blocks for an assembly, and the prompt as printed."""
 
     variables: Variables
-    template: Template
+    template: Template | PresetTemplate
     format: Format
     emit: str = "text"
     reserve: int = 0
@@ -53,6 +55,9 @@ class PromptRenderer:
         story, names = self.variables.story, self.variables.names
         speakers = [names.speaker(m) for m in story.messages if not m.is_card]
         people = list(dict.fromkeys([names.char, names.user, *speakers]))
+        if isinstance(self.template, PresetTemplate):  # the context preset's switches decide
+            others = [p for p in people if p and p != names.char]
+            return preset_stops(self.template.preset, others, names.fill, stop_sequences(self.format, []))
         return stop_sequences(self.format, [p for p in people if p])
 
     def text(self, blocks: Sequence[Block]) -> str:

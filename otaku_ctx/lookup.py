@@ -8,6 +8,7 @@ from pathlib import Path
 from .errors import ConfigError
 from .formats import Format, builtin_dirs, load_format
 from .hbs import Template, cached_template
+from .presets import PresetTemplate, read_context_preset, story_source
 
 
 @lru_cache(maxsize=64)
@@ -23,9 +24,14 @@ def search_dirs(kind: str, home: Path | None) -> list[Path]:
     return dirs + [d.parent / kind for d in builtin_dirs()]
 
 
-def load_template(name_or_path: str, home: Path | None) -> Template:
-    """A template by name (`default`, `serene`, `sillytavern`, or one of the user's) or path."""
+def load_template(name_or_path: str, home: Path | None) -> Template | PresetTemplate:
+    """A template by name (`default`, `serene`, `sillytavern`, or one of the user's) or path;
+    a `.json` path is a SillyTavern context preset (its story string compiled and cached like
+    a template; any other JSON is refused, naming what it is)."""
     path = Path(name_or_path).expanduser()
+    if path.suffix.lower() == ".json":
+        preset = read_context_preset(path)
+        return PresetTemplate(preset, compiled(story_source(preset), f"{path} (story_string)"))
     if not (name_or_path.endswith(".hbs") or path.is_file()):
         found = [d / f"{name_or_path}.hbs" for d in search_dirs("templates", home)]
         path = next((p for p in found if p.is_file()), found[-1] if found else path)

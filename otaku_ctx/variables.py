@@ -15,6 +15,7 @@ from .hbs import Template
 from .lookup import compiled
 from .model import Card, Story
 from .names import Names
+from .presets import DEFAULT_EXAMPLE_SEPARATOR, example_blocks
 
 # The open turn's `message`: private-use characters around a per-run nonce, which story text
 # (data read from a file) cannot predict.
@@ -115,11 +116,14 @@ class Variables:
             "instructions": names.fill(story.info.instructions) or names.fill(self.settings.instructions) or system,
             "currentDate": story.info.current_date,
             "storySoFar": names.fill(story.info.story_so_far),
-            # SillyTavern's story-string parameters (seed 003)
+            # SillyTavern's story-string parameters (seed 003); the examples as SillyTavern
+            # formats them by default (blocks headed by its separator, "***"). A context
+            # preset formats `exampleDialogue` with its own separator.
             "description": fill(card.description) if card else "",
             "personality": fill(card.personality) if card else "",
             "persona": persona,
-            "mesExamples": example,
+            "exampleDialogue": example,
+            "mesExamples": "".join(example_blocks(example, DEFAULT_EXAMPLE_SEPARATOR, instruct=False)),
             "mesExamplesRaw": example,
             "wiBefore": "",
             "wiAfter": "",

@@ -112,7 +112,8 @@ def test_sillytavern_template_fills_the_story_string_from_the_card():
     blocks = renderer_for(s, st).blocks(build(s, st).assembly)
     assert blocks[0].role == "system"
     assert blocks[0].text.startswith("Narrate for Mara.\nIlya keeps the lamp; Mara is new here.")
-    assert "Example dialogue:\nIlya: The light must not go out." in blocks[0].text
+    # SillyTavern's default context: examples headed by its separator, then its chat start.
+    assert blocks[0].text.endswith("\n***\nIlya: The light must not go out.\n***")
 
 
 def test_template_variables(tmp_path, capsys):
