@@ -186,11 +186,12 @@ def _data_getter(depth: int, parts: tuple[str, ...]) -> Getter:
     first, rest = parts[0], parts[1:]
 
     def get_data(frame: Frame) -> Any:
-        data: dict | None = frame.data
+        data: dict[str, Any] = frame.data
         for _ in range(depth):
-            data = data.get(PARENT_DATA)
-            if data is None:
+            parent = data.get(PARENT_DATA)
+            if parent is None:
                 return None
+            data = parent
         return walk(data.get(first), rest)
 
     return get_data
@@ -198,7 +199,7 @@ def _data_getter(depth: int, parts: tuple[str, ...]) -> Getter:
 
 def _param_getter(level: int, position: int, rest: tuple[str, ...]) -> Getter:
     def get_param(frame: Frame) -> Any:
-        params = frame.params
+        params: Any = frame.params  # the linker checked that `level` and `position` exist
         for _ in range(level):
             params = params[1]
         return walk(params[0][position], rest)
@@ -208,11 +209,12 @@ def _param_getter(level: int, position: int, rest: tuple[str, ...]) -> Getter:
 
 def _path_getter(depth: int, parts: tuple[str, ...]) -> Getter:
     def get_path(frame: Frame) -> Any:
-        reached: Frame | None = frame
+        reached = frame
         for _ in range(depth):
-            reached = reached.parent
-            if reached is None:
+            parent = reached.parent
+            if parent is None:
                 return None
+            reached = parent
         return walk(reached.context, parts)
 
     return get_path

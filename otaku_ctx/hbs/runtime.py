@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..blocks import Block
 from ..errors import TemplateError
@@ -254,41 +254,48 @@ def assemble_blocks(stream: list) -> list[Block]:
 
 # --- steps: what a compiled template is made of -----------------------------------------------
 
+
+class Output(Protocol):
+    """Where steps write: a plain list, or a `_Bounded` stream that counts as it goes."""
+
+    def append(self, item: Any, /) -> None: ...
+
+
 Getter = Callable[[Frame], Any]
-Step = Callable[[Frame, list], None]
+Step = Callable[[Frame, Output], None]
 
 
-def nothing(frame: Frame, out: list) -> None:
+def nothing(frame: Frame, out: Output) -> None:
     return None
 
 
 def text_step(text: str) -> Step:
-    def emit(frame: Frame, out: list) -> None:
+    def emit(frame: Frame, out: Output) -> None:
         out.append(text)
 
     return emit
 
 
 def output_step(get: Getter) -> Step:
-    def expand(frame: Frame, out: list) -> None:
+    def expand(frame: Frame, out: Output) -> None:
         out.append(display(get(frame)))
 
     return expand
 
 
-def trim_step(frame: Frame, out: list) -> None:
+def trim_step(frame: Frame, out: Output) -> None:
     out.append(TRIM)
 
 
 def if_step(get: Getter, fn: Step, inverse: Step) -> Step:
-    def run_if(frame: Frame, out: list) -> None:
+    def run_if(frame: Frame, out: Output) -> None:
         (fn if truthy(get(frame)) else inverse)(frame, out)
 
     return run_if
 
 
 def with_step(get: Getter, fn: Step, inverse: Step, named: bool) -> Step:
-    def run_with(frame: Frame, out: list) -> None:
+    def run_with(frame: Frame, out: Output) -> None:
         value = get(frame)
         if _is_empty(value):
             inverse(frame, out)
@@ -299,7 +306,7 @@ def with_step(get: Getter, fn: Step, inverse: Step, named: bool) -> Step:
 
 
 def each_step(get: Getter, fn: Step, inverse: Step, param_count: int) -> Step:
-    def run_each(frame: Frame, out: list) -> None:
+    def run_each(frame: Frame, out: Output) -> None:
         value = get(frame)
         if type(value) is list:
             pairs = list(enumerate(value))
@@ -311,10 +318,10 @@ def each_step(get: Getter, fn: Step, inverse: Step, param_count: int) -> Step:
             inverse(frame, out)
             return
         outer, last = frame.data, len(pairs) - 1
-        bounded = type(out) is _Bounded
+        bounded = out if type(out) is _Bounded else None
         for index, (key, item) in enumerate(pairs):
-            if bounded:
-                out.loop()
+            if bounded is not None:
+                bounded.loop()
             data = {
                 **outer,
                 "index": index,
