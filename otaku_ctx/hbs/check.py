@@ -182,20 +182,3 @@ class Checker:
 def line_column(source: str, offset: int) -> tuple[int, int]:
     line_start = source.rfind("\n", 0, offset) + 1
     return source.count("\n", 0, offset) + 1, offset - line_start + 1
-
-
-def text_origins(original: str, parsed: str) -> list[int]:
-    """Map each offset of the whitespace-controlled text back to the original source.
-
-    Whitespace control only deletes characters (spaces, newlines, '~'), so `parsed` is a
-    subsequence of `original`; the greedy alignment is exact for every '{', i.e. every tag.
-    """
-    origins, index = [], 0
-    for char in parsed:
-        index = original.find(char, index)
-        if index == -1:  # cannot happen; degrade to approximate positions rather than fail
-            return list(range(len(parsed))) + [len(original)]
-        origins.append(index)
-        index += 1
-    origins.append(len(original))
-    return origins

@@ -100,16 +100,9 @@ def hook_problems() -> list[str]:
 
 
 class _Parser(Compiler):
-    """pybars' parser and whitespace control with `_GRAMMAR` on top; its code generator is off."""
+    """pybars' grammar with `_GRAMMAR` on top, read one tag at a time; its code generator is off."""
 
     _handlebars: Any  # the extended grammar class, set by `parser()`
-
-    def parse(self, source: str) -> tuple[list, str, int]:
-        """The tree, the whitespace-controlled text it was parsed from, and how far parsing got."""
-        text = self.whitespace_control(source)
-        grammar = self._handlebars(text)
-        tree, _ = grammar.apply("template")
-        return tree, text, grammar.input.position
 
     def read(self, rule: str, text: str) -> Any:
         """What `rule` makes of `text` (which `accepts` has already passed)."""
