@@ -10,11 +10,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .assembler import Assembly, Shape, assemble
 from .cards import add_cards, read_card
 from .config import Settings, otaku_home
 from .emit import EMITS, PromptRenderer
+from .emit import _sections as sections_of
 from .errors import ConfigError, UsageError
 from .hbs import bound_for_window
 from .lookup import find_format, load_template
@@ -24,7 +26,7 @@ from .presets import for_format as bind_preset
 from .pricing import TemplatePricer
 from .readers import read_story
 from .tokens import TokenCounter, make_counter
-from .variables import Variables
+from .variables import OPEN_MARK, Variables
 
 
 @dataclass(frozen=True)
@@ -130,10 +132,35 @@ def _usage_if_unknown(settings: Settings, key: str, name: str) -> Iterator[None]
 
 def build(story: Story, settings: Settings, *, emit: str = "text") -> Built:
     """Assemble the story for the configured window and render the prompt (cases 1–6)."""
+    return _build(story, settings, emit)[0]
+
+
+def template_variables(story: Story, settings: Settings) -> tuple[Built, dict[str, Any] | None]:
+    """What `build` chose, and the variables its template saw for that assembly (None for a
+    refusal): what `ctx template vars` shows template authors."""
+    built, renderer = _build(story, settings, "text")
+    if built.assembly.refusal:
+        return built, None
+    return built, _unmarked(renderer.variables.for_assembly(*sections_of(built.assembly)))
+
+
+def _unmarked(value: Any) -> Any:
+    """The variables as a template author sees them: the open turn's `message` is empty text
+    (its internal marker only tells the renderer where the open turn is)."""
+    if value == OPEN_MARK:
+        return ""
+    if isinstance(value, dict):
+        return {key: _unmarked(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_unmarked(item) for item in value]
+    return value
+
+
+def _build(story: Story, settings: Settings, emit: str) -> tuple[Built, PromptRenderer]:
     count = make_counter(settings.model.tokenizer)
     budget = budget_of(story, settings, count)
     renderer = renderer_for(story, settings, emit=emit, reserve=budget.reserve)
     pricer = TemplatePricer(renderer, count)
     assembly = assemble(story, shape_of(settings), budget.limit, pricer, reserve=budget.reserve)
     prompt = None if assembly.refusal else renderer.emitted(pricer.blocks(assembly))
-    return Built(assembly, budget, count.name, prompt)
+    return Built(assembly, budget, count.name, prompt), renderer

@@ -283,6 +283,7 @@ app = typer.Typer(
 )
 config_app = typer.Typer(no_args_is_help=True, help="Write or show the settings.")
 app.add_typer(config_app, name="config")
+app.add_typer(__import__("otaku_ctx.cli_template", fromlist=["_"]).template_app, name="template")
 
 
 @app.command("build", short_help="Print the prompt for STORY.")

@@ -39,7 +39,8 @@ def load_template(name_or_path: str, home: Path | None) -> Template | PresetTemp
             names = sorted({p.stem for d in search_dirs("templates", home) if d.is_dir() for p in d.glob("*.hbs")})
             raise ConfigError(name_or_path, None, f"no template named {name_or_path!r}; known: {', '.join(names)}")
     try:
-        source = path.read_text(encoding="utf-8")
+        with path.open(encoding="utf-8", newline="") as file:  # CRLF stays CRLF, as Handlebars.js reads it
+            source = file.read()
     except FileNotFoundError:
         raise ConfigError(str(path), None, "no such template file") from None
     except (OSError, UnicodeDecodeError) as exc:

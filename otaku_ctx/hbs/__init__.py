@@ -1,7 +1,8 @@
 """A safe Handlebars engine for context templates (Serene Pub / SillyTavern style), built on pybars3.
 
 The package, by job: `grammar` (the only module that touches pybars3/PyMeta3), `check`
-(tag-by-tag syntax and sandbox checks), `compile` (parse tree -> program, plain data),
+(tag-by-tag syntax and sandbox checks), `parse` (the tags nested into a tree, with Handlebars.js'
+whitespace rules), `compile` (parse tree -> program, plain data),
 `program` (checks a program and links it into steps), `runtime` (rendering plain data into
 role blocks), `store` (shipped and cached programs, so a normal run parses nothing).
 
@@ -11,8 +12,8 @@ safe to take, its parser, and replaces the rest:
 * **Parsing** is pybars' OMeta grammar, extended (`_GRAMMAR`, a pymeta sub-grammar) with
   block parameters (`{{#each xs as |x i|}}`, `{{#with o as |p|}}`), `{{else if ...}}` chains,
   `{{!-- --}}` comments, decimal numbers, real string values for literals, tagged path
-  segments and the source offset of every tag (for errors). pybars' standalone-line
-  whitespace control is reused as is.
+  segments and the source offset of every tag (for errors). The grammar reads one tag at a
+  time; nesting and whitespace (standalone lines, `~`) are `parse`'s, as Handlebars.js 4.7 does them.
 * **No Python is generated from template text.** pybars compiles a template to Python
   source and pastes template text into it: a bracket segment such as `{{[a') or ... or (']}}`
   or a subexpression name lands inside a `u'...'` literal unescaped, which is code injection.

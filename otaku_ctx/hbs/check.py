@@ -4,6 +4,7 @@ error names the right line and column; refuse the features the engine does not s
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..errors import TemplateError
@@ -15,21 +16,25 @@ def stache(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class _Tag:
+class Tag:
     start: int
     text: str  # the whole tag as written
-    core: str  # between the braces, without '~', '{'/'&' and outer spaces
+    core: str  # between the braces, without '~', '{' and outer spaces ("!" for a comment)
+    strip_open: bool = False  # `{{~`: strip the whitespace before the tag
+    strip_close: bool = False  # `~}}`: strip the whitespace after it
+    triple: bool = False  # `{{{x}}}`
+    comment: bool = False
 
 
 @dataclass
 class _Open:
     name: str
-    tag: _Tag
+    tag: Tag
     seen_else: bool = False
 
 
 _COMMENT_END = re.compile(r"--~?\}\}")
-_BLOCK_NAME = re.compile(r"[\w@-]+")
+_BLOCK_NAME = re.compile(r"[^\s(){}~|=]+")  # a helper's name or, for a section, a path
 _ELSE = re.compile(r"else(?=\s|$)")
 
 
@@ -60,37 +65,42 @@ class Checker:
                 f"{opened.tag.text} is never closed: add {stache('/' + opened.name)} where the block ends",
             )
 
-    def tags(self):
+    def tags(self, with_comments: bool = False) -> Iterator[Tag]:
         source, position = self.source, 0
         while (start := source.find("{{", position)) != -1:
             if source.startswith("{{{{", start):
                 raise self.error(start, "raw blocks ({{{{name}}}}) are not supported: remove the extra braces")
-            head = source[start + 2 : start + 6].lstrip("~")
-            if head.startswith("!--"):
-                end = _COMMENT_END.search(source, start + 5)
+            strip_open = source.startswith("~", start + 2)
+            inner = start + 2 + strip_open
+            if source.startswith("!--", inner):
+                end = _COMMENT_END.search(source, inner + 3)
                 if end is None:
                     raise self.error(start, "this {{!-- comment is never closed: end it with --}}")
                 position = end.end()
+                if with_comments:
+                    yield Tag(start, source[start:position], "!", strip_open, "~" in end.group(0), comment=True)
                 continue
-            if head.startswith("!"):
-                end = source.find("}}", start + 3)
-                if end == -1:
+            if source.startswith("!", inner):
+                close = source.find("}}", inner + 1)
+                if close == -1:
                     raise self.error(start, "this {{! comment is never closed: end it with }}")
-                position = end + 2
+                position = close + 2
+                if with_comments:
+                    yield Tag(start, source[start:position], "!", strip_open, source[close - 1] == "~", comment=True)
                 continue
-            position = self.tag_end(start)
+            triple = source.startswith("{", inner)
+            position = self.tag_end(start, triple)
             text = source[start:position]
-            core = text[2:-2].strip("~").strip()
-            if text.startswith("{{{"):
-                core = core[1:-1].strip("~").strip()
-            elif core.startswith("&"):
-                core = core[1:].strip()
-            yield _Tag(start, text, core)
+            inside = text[inner - start : -2]
+            strip_close = inside.endswith("~")
+            inside = inside[:-1] if strip_close else inside
+            if triple:
+                inside = inside[1:-1]
+            yield Tag(start, text, inside.strip(), strip_open, strip_close, triple)
 
-    def tag_end(self, start: int) -> int:
+    def tag_end(self, start: int, triple: bool) -> int:
         """Offset just past the tag opened at `start`, skipping "strings" and [segments]."""
         source, index = self.source, start + 2
-        triple = source.startswith("{{{", start)
         closers = {'"': '"', "'": "'", "[": "]"}
         while index < len(source):
             char = source[index]
@@ -107,13 +117,17 @@ class Checker:
                     return index + 2
                 if source.startswith("}}}", index):
                     return index + 3
+                if source.startswith("}~}}", index - 2) and index - 2 > start + 3:
+                    return index + 2
                 raise self.error(start, "a tag opened with {{{ must be closed with }}}")
             else:
                 index += 1
         raise self.error(start, "this tag is never closed: end it with }} (check for an unclosed quote or '[')")
 
-    def check(self, tag: _Tag, stack: list[_Open]) -> None:
+    def check(self, tag: Tag, stack: list[_Open]) -> None:
         core = tag.core
+        if core.startswith("&") and not tag.triple:
+            core = core[1:].strip()
         if core.startswith(">"):
             raise self.error(tag.start, f"partials are not supported ({tag.text}): paste the text into the template")
         if core.startswith(("*", "#*", "#>")):
@@ -132,12 +146,12 @@ class Checker:
                     tag.start, f"{tag.text} follows an {{{{else}}}} of the same block: a block has one final else"
                 )
             opened.seen_else = not rest
-            if rest and not parser().accepts("block_inner", rest + "}}"):
+            if rest and not parser().accepts("open_inner", rest + "}}"):
                 raise self.error(tag.start, f"cannot read {tag.text}: write it as {{{{else if condition}}}}")
         elif core.startswith(("#", "^")):
             rest = core[1:].strip()
             match = _BLOCK_NAME.match(rest)
-            if match is None or not parser().accepts("block_inner", rest + "}}"):
+            if match is None or not parser().accepts("open_inner", rest + "}}"):
                 raise self.error(
                     tag.start,
                     f"cannot read {tag.text}: a block opens as {{{{#name argument}}}}, "
@@ -151,7 +165,7 @@ class Checker:
                 '{{eq role "user"}} (check quotes, parentheses and spaces)',
             )
 
-    def close(self, tag: _Tag, name: str, stack: list[_Open]) -> None:
+    def close(self, tag: Tag, name: str, stack: list[_Open]) -> None:
         if not stack:
             raise self.error(tag.start, f"{tag.text} closes a block that was never opened: remove it")
         opened = stack[-1]
@@ -168,20 +182,3 @@ class Checker:
 def line_column(source: str, offset: int) -> tuple[int, int]:
     line_start = source.rfind("\n", 0, offset) + 1
     return source.count("\n", 0, offset) + 1, offset - line_start + 1
-
-
-def text_origins(original: str, parsed: str) -> list[int]:
-    """Map each offset of the whitespace-controlled text back to the original source.
-
-    Whitespace control only deletes characters (spaces, newlines, '~'), so `parsed` is a
-    subsequence of `original`; the greedy alignment is exact for every '{', i.e. every tag.
-    """
-    origins, index = [], 0
-    for char in parsed:
-        index = original.find(char, index)
-        if index == -1:  # cannot happen; degrade to approximate positions rather than fail
-            return list(range(len(parsed))) + [len(original)]
-        origins.append(index)
-        index += 1
-    origins.append(len(original))
-    return origins

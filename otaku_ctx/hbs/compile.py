@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import TemplateError
-from .check import Checker, line_column, stache, text_origins
-from .grammar import parser
+from .check import Checker, line_column, stache
+from .parse import build
 from .program import DamagedProgram, link
 from .runtime import BLOCK_HELPERS, INLINE_HELPERS, ROLE_HELPERS, Template
 
@@ -28,13 +28,12 @@ class _Path:
 class _Builder:
     """Turns the parse tree into a program (see `program`), checking helpers and their arguments."""
 
-    def __init__(self, name: str, source: str, origins: list[int]) -> None:
+    def __init__(self, name: str, source: str) -> None:
         self.name = name
         self.source = source
-        self.origins = origins
 
     def where(self, offset: int) -> tuple[int, int]:
-        return line_column(self.source, self.origins[min(offset, len(self.origins) - 1)])
+        return line_column(self.source, offset)
 
     def error(self, offset: int, message: str) -> TemplateError:
         line, column = self.where(offset)
@@ -192,23 +191,15 @@ class _Builder:
         return ["path", depth, parts]
 
     def block(self, at: int, node: tuple, scopes: tuple, role_at: int | None) -> list:
-        kind, name, args, params, body, alternative = node
+        kind, name, args, params, body, alternative, path_node = node
         inverted = kind == "invertedblock"
+        if name is None or name not in BLOCK_HELPERS or _find_param(scopes, name) is not None:
+            return self.section(at, node, scopes, role_at)
         if name in ROLE_HELPERS:
             return self.role_block(at, name, args, params, body, alternative, inverted, scopes, role_at)
         if name in INLINE_HELPERS:
             raise self.error(
                 at, f"`{name}` is not a block helper: use it inside one, e.g. {stache('#if (' + name + ' ...)')}"
-            )
-        if name not in BLOCK_HELPERS:
-            if inverted and not args and not params:  # {{^name}}...{{/name}}: a Mustache inverted section
-                get = self.reference(self.path(at, ("path", [("sym", name)])), scopes)
-                shown = self.program(body, scopes, role_at)
-                otherwise = self.program(alternative, scopes, role_at) if alternative else []
-                return ["if", get, otherwise, shown]
-            raise self.error(
-                at,
-                f"unknown block helper {stache('#' + name)}: the block helpers are {', '.join(BLOCK_HELPERS)}",
             )
         if any(arg[0] == "kwparam" for arg in args):
             raise self.error(at, f"`{name}` takes no key=value options")
@@ -233,6 +224,27 @@ class _Builder:
         if name == "unless":
             return ["if", get, inverse, fn]
         return [name, get, fn, inverse, bool(params)]
+
+    def section(self, at: int, node: tuple, scopes: tuple, role_at: int | None) -> list:
+        """`{{#person}}`...`{{/person}}`, `{{^list}}`: a Mustache section over a value, as
+        Handlebars.js' `blockHelperMissing` runs it (see `runtime.section_step`)."""
+        kind, name, args, params, body, alternative, path_node = node
+        path = self.path(at, path_node)
+        if name in INLINE_HELPERS and self.helper_name(path, scopes) is not None:
+            raise self.error(
+                at, f"`{name}` is not a block helper: use it inside one, e.g. {stache('#if (' + name + ' ...)')}"
+            )
+        if args or params:
+            raise self.error(
+                at,
+                f"unknown block helper {stache('#' + path.written)}: the block helpers are {', '.join(BLOCK_HELPERS)}"
+                " (a section over a value takes no arguments)",
+            )
+        fn = self.program(body, scopes, role_at)
+        inverse = self.program(alternative, scopes, role_at) if alternative else []
+        if kind == "invertedblock":
+            fn, inverse = inverse, fn
+        return ["section", self.reference(path, scopes), fn, inverse]
 
     def role_block(self, at, name, args, params, body, alternative, inverted, scopes, role_at) -> list:
         """`{{#systemBlock}}`...: no arguments, no else, never inside another role block."""
@@ -271,12 +283,8 @@ def compile_program(source: str, name: str) -> list:
         if not isinstance(source, str):
             raise TemplateError(name, None, None, f"template source must be text, not {type(source).__name__}")
         Checker(source, name).run()
-        tree, parsed, stopped = parser().parse(source)
-        origins = text_origins(source, parsed)
-        builder = _Builder(name, source, origins)
-        if stopped < len(parsed):
-            raise builder.error(stopped, "cannot read the template from here: check the tag's braces and quotes")
-        return builder.program(tree, (), None)
+        tree = build(source, name)
+        return _Builder(name, source).program(tree, (), None)
     except TemplateError:
         raise
     except RecursionError:

@@ -40,6 +40,8 @@ blockrule ::= <start> '#' <block_inner>:i <template>:t <alttemplate>:alt <symbol
         => ('invertedblock', i[0], i[1], i[2], t, alt)
 block_inner ::= <spaces> <symbol>:s <blockargs>:args <blockparams>?:bp <spaces> <finish>
     => (s, args, bp or [])
+open_inner ::= <spaces> <path>:p <blockargs>:args <blockparams>?:bp <spaces> <finish>
+    => (p, args, bp or [])
 blockargs ::= (~<blockparams> <space>+ <argument>)*:args => args
 blockparams ::= <space>+ 'a' 's' <space>+ '|' <spaces> <bpname>:first (<space>+ <bpname>)*:rest <spaces> '|'
     => [first] + rest
@@ -98,16 +100,14 @@ def hook_problems() -> list[str]:
 
 
 class _Parser(Compiler):
-    """pybars' parser and whitespace control with `_GRAMMAR` on top; its code generator is off."""
+    """pybars' grammar with `_GRAMMAR` on top, read one tag at a time; its code generator is off."""
 
     _handlebars: Any  # the extended grammar class, set by `parser()`
 
-    def parse(self, source: str) -> tuple[list, str, int]:
-        """The tree, the whitespace-controlled text it was parsed from, and how far parsing got."""
-        text = self.whitespace_control(source)
-        grammar = self._handlebars(text)
-        tree, _ = grammar.apply("template")
-        return tree, text, grammar.input.position
+    def read(self, rule: str, text: str) -> Any:
+        """What `rule` makes of `text` (which `accepts` has already passed)."""
+        result, _ = self._handlebars(text).apply(rule)
+        return result
 
     def accepts(self, rule: str, text: str) -> bool:
         """Whether `rule` matches all of `text` (used to check one tag at a time)."""

@@ -11,6 +11,7 @@ Steps (a program is a list of steps):
   ["text", str]                 ["trim"]                 ["print", value]
   ["if", value, then, else]     ["with", value, fn, inverse, named]
   ["each", value, fn, inverse, named]                    ["role", "system"|"user"|"assistant", program]
+  ["section", value, fn, inverse]  (a Mustache section over a value)
 Values:
   ["const", str|int|float|bool|None]    ["key", str]     ["path", depth, [str, ...]]
   ["data", depth, [str, ...]]           ["param", level, position, [str, ...]]
@@ -38,6 +39,7 @@ from .runtime import (
     nothing,
     output_step,
     pick,
+    section_step,
     text_step,
     trim_step,
     walk,
@@ -46,7 +48,7 @@ from .runtime import (
 
 # Bump when the program's shape or what compiling produces changes: stored programs of another
 # version are ignored (and the shipped ones fail their up-to-date test until regenerated).
-ENGINE_VERSION = 1
+ENGINE_VERSION = 2
 FORMAT = "otaku-ctx hbs program"
 _MOST_UP = 1000  # `../` levels; far beyond any real template
 
@@ -111,6 +113,9 @@ class _Linker:
         if kind == "if" and size == 4:
             get = self.value(node[1], scopes)
             return if_step(get, self.program(node[2], scopes, in_role), self.program(node[3], scopes, in_role))
+        if kind == "section" and size == 4:
+            get = self.value(node[1], scopes)
+            return section_step(get, self.program(node[2], scopes, in_role), self.program(node[3], scopes, in_role))
         if kind in ("with", "each") and size == 5 and type(node[4]) is bool:
             get, named = self.value(node[1], scopes), node[4]
             inner = ((1 if kind == "with" else 2), *scopes) if named else scopes
@@ -186,11 +191,12 @@ def _data_getter(depth: int, parts: tuple[str, ...]) -> Getter:
     first, rest = parts[0], parts[1:]
 
     def get_data(frame: Frame) -> Any:
-        data: dict | None = frame.data
+        data: dict[str, Any] = frame.data
         for _ in range(depth):
-            data = data.get(PARENT_DATA)
-            if data is None:
+            parent = data.get(PARENT_DATA)
+            if parent is None:
                 return None
+            data = parent
         return walk(data.get(first), rest)
 
     return get_data
@@ -198,7 +204,7 @@ def _data_getter(depth: int, parts: tuple[str, ...]) -> Getter:
 
 def _param_getter(level: int, position: int, rest: tuple[str, ...]) -> Getter:
     def get_param(frame: Frame) -> Any:
-        params = frame.params
+        params: Any = frame.params  # the linker checked that `level` and `position` exist
         for _ in range(level):
             params = params[1]
         return walk(params[0][position], rest)
@@ -208,11 +214,12 @@ def _param_getter(level: int, position: int, rest: tuple[str, ...]) -> Getter:
 
 def _path_getter(depth: int, parts: tuple[str, ...]) -> Getter:
     def get_path(frame: Frame) -> Any:
-        reached: Frame | None = frame
+        reached = frame
         for _ in range(depth):
-            reached = reached.parent
-            if reached is None:
+            parent = reached.parent
+            if parent is None:
                 return None
+            reached = parent
         return walk(reached.context, parts)
 
     return get_path

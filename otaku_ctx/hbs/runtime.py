@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..blocks import Block
 from ..errors import TemplateError
@@ -252,43 +252,67 @@ def assemble_blocks(stream: list) -> list[Block]:
     return blocks
 
 
+def raw_text(stream: list[Any]) -> str:
+    """The output stream as one text: role blocks as `[system]`...`[/system]` markers around their
+    text, untrimmed, and `{{trim}}` applied. (A marker is only shown: story text that spells
+    `[user]` is still text, and the blocks are cut from the stream, never from this text.)"""
+    pieces: list[Any] = []
+    role = "system"
+    for item in stream:
+        if item is ROLE_END:
+            pieces.append(f"[/{role}]")
+        elif isinstance(item, _RoleStart):
+            role = item.role
+            pieces.append(f"[{role}]")
+        else:
+            pieces.append(item)
+    return _join_trimmed(pieces)
+
+
 # --- steps: what a compiled template is made of -----------------------------------------------
 
+
+class Output(Protocol):
+    """Where steps write: a plain list, or a `_Bounded` stream that counts as it goes."""
+
+    def append(self, item: Any, /) -> None: ...
+
+
 Getter = Callable[[Frame], Any]
-Step = Callable[[Frame, list], None]
+Step = Callable[[Frame, Output], None]
 
 
-def nothing(frame: Frame, out: list) -> None:
+def nothing(frame: Frame, out: Output) -> None:
     return None
 
 
 def text_step(text: str) -> Step:
-    def emit(frame: Frame, out: list) -> None:
+    def emit(frame: Frame, out: Output) -> None:
         out.append(text)
 
     return emit
 
 
 def output_step(get: Getter) -> Step:
-    def expand(frame: Frame, out: list) -> None:
+    def expand(frame: Frame, out: Output) -> None:
         out.append(display(get(frame)))
 
     return expand
 
 
-def trim_step(frame: Frame, out: list) -> None:
+def trim_step(frame: Frame, out: Output) -> None:
     out.append(TRIM)
 
 
 def if_step(get: Getter, fn: Step, inverse: Step) -> Step:
-    def run_if(frame: Frame, out: list) -> None:
+    def run_if(frame: Frame, out: Output) -> None:
         (fn if truthy(get(frame)) else inverse)(frame, out)
 
     return run_if
 
 
 def with_step(get: Getter, fn: Step, inverse: Step, named: bool) -> Step:
-    def run_with(frame: Frame, out: list) -> None:
+    def run_with(frame: Frame, out: Output) -> None:
         value = get(frame)
         if _is_empty(value):
             inverse(frame, out)
@@ -299,7 +323,7 @@ def with_step(get: Getter, fn: Step, inverse: Step, named: bool) -> Step:
 
 
 def each_step(get: Getter, fn: Step, inverse: Step, param_count: int) -> Step:
-    def run_each(frame: Frame, out: list) -> None:
+    def run_each(frame: Frame, out: Output) -> None:
         value = get(frame)
         if type(value) is list:
             pairs = list(enumerate(value))
@@ -311,10 +335,10 @@ def each_step(get: Getter, fn: Step, inverse: Step, param_count: int) -> Step:
             inverse(frame, out)
             return
         outer, last = frame.data, len(pairs) - 1
-        bounded = type(out) is _Bounded
+        bounded = out if type(out) is _Bounded else None
         for index, (key, item) in enumerate(pairs):
-            if bounded:
-                out.loop()
+            if bounded is not None:
+                bounded.loop()
             data = {
                 **outer,
                 "index": index,
@@ -327,6 +351,27 @@ def each_step(get: Getter, fn: Step, inverse: Step, param_count: int) -> Step:
             fn(frame.enter(item, data, params), out)
 
     return run_each
+
+
+def section_step(get: Getter, fn: Step, inverse: Step) -> Step:
+    """A Mustache section, `{{#value}}`...`{{/value}}`, as Handlebars.js' `blockHelperMissing`:
+    true runs the body in the same context; false and missing values run the inverse; a list
+    runs the body for each item like `each` (an empty one runs the inverse); any other value
+    (an object, a string, a number, even 0 or "") runs the body with that value as the context."""
+    iterate = each_step(get, fn, inverse, 0)
+
+    def run_section(frame: Frame, out: Output) -> None:
+        value = get(frame)
+        if value is True:
+            fn(frame, out)
+        elif value is None or value is False:
+            inverse(frame, out)
+        elif type(value) is list:
+            iterate(frame, out)
+        else:
+            fn(frame.enter(value), out)
+
+    return run_section
 
 
 RENDER_FLOOR = 4_000_000  # characters: the least bound a prompt render gets, whatever the window
@@ -385,18 +430,26 @@ class Template:
     def render(self, context: Mapping[str, Any], bound: int | None = None) -> list[Block]:
         """The role blocks, in order. The context is copied to plain data first. With a `bound`,
         a render that outgrows it (in characters, or in loop turns) stops with a `TemplateError`."""
+        return assemble_blocks(self._stream(context, bound))
+
+    def render_raw(self, context: Mapping[str, Any], bound: int | None = None) -> str:
+        """What the template printed, before it is cut into blocks: every character kept, each
+        role block shown as `[role]...[/role]` (see `raw_text`). What Handlebars.js would print."""
+        return raw_text(self._stream(context, bound))
+
+    def _stream(self, context: Mapping[str, Any], bound: int | None) -> list[Any]:
         try:
             if not isinstance(context, Mapping):
                 raise TemplateError(self.name, None, None, f"the context must be a dict, not {type(context).__name__}")
             data = to_plain(context, "context", self.name)
             frame = Frame(data, None, {"root": data}, None)
             if bound is None:
-                stream: list = []
+                stream: list[Any] = []
                 self._run(frame, stream)
-                return assemble_blocks(stream)
+                return stream
             bounded = _Bounded(self.name, bound)
             self._run(frame, bounded)
-            return assemble_blocks(bounded.items)
+            return bounded.items
         except TemplateError:
             raise
         except RecursionError:

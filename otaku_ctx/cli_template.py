@@ -1,0 +1,92 @@
+"""`ctx template`: what a template author needs — the variables a story gives a template, and
+a template's raw output for given variables. The core is `build.template_variables` and
+`hbs.Template.render_raw`; this module only reads arguments and prints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+# cli.py registers `template_app` after defining these, so this import sees them (the output helpers,
+# defined later in cli.py, are imported inside the commands).
+from .cli import ConfigPath, Debug, Request, StoryArg, prompt_options
+
+template_app = typer.Typer(no_args_is_help=True, help="Show a template's variables, or render a template.")
+
+
+@template_app.command("vars")
+@prompt_options
+def vars_cmd(request: Request, story: StoryArg) -> None:
+    """Print, as JSON, the variables the template sees for STORY's prompt (the assembly
+    `ctx build` chooses with the same options)."""
+    from .build import open_story, template_variables
+    from .cli import terminal, write_stdout
+    from .errors import ContextOverflow
+    from .files import as_regular_file
+    from .report import refusal_message
+
+    settings = request.settings()
+    with as_regular_file(request.story, terminal().stdin) as path:
+        told = open_story(path, request.source_format, request.cards, request.conversation)
+    for note in told.notes:
+        terminal().say(f"ctx: {note}")
+    built, variables = template_variables(told, settings)
+    refusal = built.assembly.refusal
+    if variables is None or refusal is not None:
+        assert refusal is not None  # template_variables gives no variables only for a refusal
+        raise ContextOverflow(built.assembly, f"{story}: {refusal_message(refusal, built.budget)}")
+    write_stdout(json.dumps(variables, ensure_ascii=False, indent=2) + "\n")
+
+
+@template_app.command("render")
+def render_cmd(
+    template: Annotated[str, typer.Argument(metavar="NAME|FILE", help="A template: a name or a .hbs file.")],
+    vars_file: Annotated[
+        Path,
+        typer.Option("--vars", metavar="FILE.json", help="The variables, a JSON object."),
+    ],
+    config: ConfigPath = None,
+    debug: Debug = False,
+) -> None:
+    """Print TEMPLATE's raw output for the variables in FILE.json: every character the template
+    prints, each role block shown inline as [system]...[/system], [user]...[/user] or
+    [assistant]...[/assistant] around its text (before blocks are cut and trimmed)."""
+    from .cli import terminal, write_stdout
+    from .config import otaku_home
+    from .hbs import bound_for_window
+    from .lookup import load_template
+
+    variables = _read_vars(vars_file)
+    from .presets import PresetTemplate
+
+    loaded = load_template(template, otaku_home())
+    engine = loaded.story if isinstance(loaded, PresetTemplate) else loaded  # a preset: its story string
+    text = engine.render_raw(variables, bound_for_window(0))
+    newline = "\n" if terminal().stdout_tty and not text.endswith("\n") else ""
+    write_stdout(text + newline)
+
+
+def _read_vars(path: Path) -> dict[str, Any]:
+    from .errors import ConfigError
+
+    where = str(path)
+    try:
+        text = path.expanduser().read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(where, None, "no such file (`ctx template vars STORY` writes one)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(where, None, f"cannot read the variables: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{where}:{exc.lineno}:{exc.colno}", None, f"not valid JSON ({exc.msg}): fix the file"
+        ) from None
+    except RecursionError:
+        raise ConfigError(where, None, "the JSON nests too deeply") from None
+    if not isinstance(data, dict):
+        raise ConfigError(where, None, f"the variables must be a JSON object ({{...}}), not {type(data).__name__}")
+    return data
