@@ -111,7 +111,7 @@ def test_emit_openai_chat_is_a_request_body(capsys):
     body = json.loads(out)
     assert code == 0 and set(body) == {"messages", "max_tokens", "stop"}
     assert body["max_tokens"] == 300
-    assert "\nMara:" in body["stop"] and "\nNarrator:" in body["stop"]
+    assert "\nMara:" in body["stop"] and "\nNarrator:" not in body["stop"]  # never the one speaking
 
 
 def test_emit_openai_completion_is_a_request_body(capsys):

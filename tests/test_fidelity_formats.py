@@ -87,3 +87,32 @@ def test_formats_with_a_system_role_keep_it_in_chat_messages() -> None:
     assert [m["role"] for m in json.loads(built(story, "chatml", "messages"))] == [
         "system", "user", "assistant", "assistant", "user",
     ]  # fmt: skip
+
+
+# --- request bodies -----------------------------------------------------------------------
+
+
+def body(fmt: str, emit: str, **settings: object) -> dict[str, object]:
+    overrides = {"prompt.format": (fmt, "test"), **{k: (v, "test") for k, v in settings.items()}}
+    prompt = build(open_story(CHAT_TEMPLATES / "group.jsonl"), load_settings(overrides=overrides), emit=emit).prompt
+    assert prompt is not None
+    return dict(json.loads(prompt))
+
+
+@pytest.mark.parametrize("emit", ["openai-chat", "openai-completion"])
+def test_a_request_body_names_its_model_only_when_one_is_set(emit: str) -> None:
+    assert body("chatml", emit, **{"model.name": "qwen2.5-7b-instruct"})["model"] == "qwen2.5-7b-instruct"
+    assert "model" not in body("chatml", emit)
+
+
+def test_max_tokens_is_left_out_when_the_reserve_is_zero() -> None:
+    assert "max_tokens" not in body("chatml", "openai-chat", **{"context.reply_reserve": 0})
+    assert body("chatml", "openai-chat", **{"context.reply_reserve": 64})["max_tokens"] == 64
+
+
+def test_stop_strings_keep_the_most_important_within_the_limit() -> None:
+    """End of turn first, then the user's name; never the name of the one speaking (Ilya)."""
+    assert body("llama3.1", "openai-chat")["stop"] == ["<|eot_id|>", "\nAnna:", "<|eom_id|>", "<|start_header_id|>"]
+    every = body("llama3.1", "openai-chat", **{"model.max_stop_strings": 0})["stop"]
+    assert every == ["<|eot_id|>", "\nAnna:", "<|eom_id|>", "<|start_header_id|>", "\nMara:"]
+    assert body("chatml", "openai-completion", **{"model.max_stop_strings": 2})["stop"] == ["<|im_end|>", "\nAnna:"]
