@@ -108,7 +108,9 @@ def renderer_for(story: Story, settings: Settings, *, emit: str = "text", reserv
     with _usage_if_unknown(settings, "prompt.format", p.format):
         format = find_format(p.format, home)
     template = bind_preset(template, format)  # a context preset renders for its format
-    return PromptRenderer(variables, template, format, emit, reserve, bound_for_window(settings.model.window))
+    m = settings.model
+    bound = bound_for_window(m.window)
+    return PromptRenderer(variables, template, format, emit, reserve, bound, m.name, m.max_stop_strings)
 
 
 def names_for(story: Story, settings: Settings) -> ResolvedNames:

@@ -177,6 +177,7 @@ _shared("user", str | None, "prompt.user", metavar="NAME", help="The user's pers
 _shared("char", str | None, "prompt.char", metavar="NAME", help="The character's name ({{char}}).")
 _shared("config", ConfigPath)
 _shared("window", int | None, "model.window", metavar="TOKENS", help="The model's window in tokens.")
+_shared("model", str | None, "model.name", metavar="NAME", help='The "model" of a request body (--emit openai-*).')
 _shared("max_context", int | None, "context.max_context", metavar="TOKENS", help="Use at most this many tokens.")
 _shared("head", int | None, "context.head_messages", metavar="N", help="Opening messages kept verbatim.")
 _shared("tail", int | None, "context.min_tail_messages", metavar="N", help="Recent messages kept verbatim, at least.")

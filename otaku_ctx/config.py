@@ -81,6 +81,10 @@ class ModelSettings:
 
     window: int = setting(8192, "the model's context window in tokens", "count", least=1)
     tokenizer: str = setting("cl100k_base", 'token counter: "cl100k_base" (exact) or "estimate" (len/4)', "tokenizer")
+    name: str = setting("", 'the "model" of openai-chat/openai-completion request bodies; "" = left out', "text")
+    max_stop_strings: int = setting(
+        4, "request bodies send at most this many stop strings (OpenAI: 4); 0 = all", "count"
+    )
 
 
 SECTIONS: dict[str, type[ContextSettings] | type[PromptSettings] | type[ModelSettings]] = {

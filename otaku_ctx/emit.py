@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .assembler import Assembly, Part
@@ -35,6 +35,8 @@ class PromptRenderer:
     emit: str = "text"
     reserve: int = 0
     bound: int | None = None  # characters a render may produce (hbs.bound_for_window), None = no bound
+    model: str = ""  # the request body's "model"; "" = left out
+    max_stops: int = 0  # at most this many stop strings in a request body; 0 = all
 
     def render(self, head: Sequence[Part], recap: Sequence[Part], tail: Sequence[Part]) -> list[Block]:
         """Role blocks; the last is open when it holds the open turn (see `Variables.open_turn`)."""
@@ -52,13 +54,32 @@ class PromptRenderer:
         return render_messages(self.format, [b for b in blocks if not b.open])
 
     def stop(self) -> list[str]:
+        """The stop strings, most important first: the format's end of turn, the user's name
+        (the model must not speak for them), the format's other stops, then the other
+        speakers. Never the name of the one speaking, whose reply it is; names as they are,
+        trailing spaces kept (SillyTavern's rules)."""
         story, names = self.variables.story, self.variables.names
+        speaking = self.variables.open_turn["name"]
         speakers = [names.speaker(m) for m in story.messages if not m.is_card]
-        people = list(dict.fromkeys([names.char, names.user, *speakers]))
+        people = [p for p in dict.fromkeys([names.user, names.char, *speakers]) if p and p != speaking]
         if isinstance(self.template, PresetTemplate):  # the context preset's switches decide
-            others = [p for p in people if p and p != names.char]
-            return preset_stops(self.template.preset, others, names.fill, stop_sequences(self.format, []))
-        return stop_sequences(self.format, [p for p in people if p])
+            return preset_stops(self.template.preset, people, names.fill, stop_sequences(self.format, []))
+        first, rest = list(self.format.stop[:1]), list(self.format.stop[1:])
+        ordered = stop_sequences(replace(self.format, stop=()), people[:1]) if people else []
+        others = stop_sequences(replace(self.format, stop=()), people[1:])
+        return list(dict.fromkeys([*first, *ordered, *rest, *others]))
+
+    def body(self, key: str, value: Any) -> dict[str, Any]:
+        """An OpenAI-style request body: `model` when one is set, `max_tokens` only when a
+        reply reserve is (0 leaves the server's default), at most `max_stops` stop strings."""
+        stop = self.stop()
+        body: dict[str, Any] = {"model": self.model} if self.model else {}
+        body[key] = value
+        if self.reserve > 0:
+            body["max_tokens"] = self.reserve
+        if stop:
+            body["stop"] = stop[: self.max_stops] if self.max_stops > 0 else stop
+        return body
 
     def text(self, blocks: Sequence[Block]) -> str:
         return render_text(self.format, blocks)
@@ -71,9 +92,9 @@ class PromptRenderer:
         if self.emit == "messages":
             body: Any = self.messages(blocks)
         elif self.emit == "openai-chat":
-            body = {"messages": self.messages(blocks), "max_tokens": self.reserve, "stop": self.stop()}
+            body = self.body("messages", self.messages(blocks))
         elif self.emit == "openai-completion":
-            body = {"prompt": self.text(blocks), "max_tokens": self.reserve, "stop": self.stop()}
+            body = self.body("prompt", self.text(blocks))
         else:
             raise ConfigError("--emit", None, f"unknown emit form {self.emit!r}; expected one of {', '.join(EMITS)}")
         return json.dumps(body, ensure_ascii=False, indent=2) + "\n"

@@ -18,6 +18,9 @@ The fields mirror SillyTavern's instruct preset, so a preset carries over key by
     wrap = false                         # true: a newline after each prefix (see below)
     user_alignment_message = ""          # a user turn put before an assistant-first chat
     names_behavior = "always"            # "none" | "force" | "always"; accepted, no effect
+    alternate = true                     # true: the model demands alternating turns (merge)
+    system_placement = "in_place"        # "last_user": the system prompt before the last user turn
+    system_preamble = ""                 # text the prompt's opening system turn starts with
     stop_sequence = ""                   # one stop string, as in SillyTavern
     stop = ["<|im_end|>"]                # more stop strings
 
@@ -33,15 +36,26 @@ How a text prompt is built (`render_text`), and the decisions a user should know
   user speak first.
 - `system_same_as_user`: system blocks become user blocks *before* consecutive blocks merge,
   so a system prompt folds into the user turn beside it, joined by a blank line. This is
-  how Mistral's and Gemma's own templates treat a system message. Chat messages
-  (`render_messages`) keep the system role, since chat APIs take it.
-- Consecutive blocks of one role merge (`merge_blocks`) in text prompts too, so templates
-  that demand alternating turns (Mistral, Gemma) get them. The open block never merges.
+  how Mistral's and Gemma's own templates treat a system message.
+- `alternate`: consecutive blocks of one role merge (`merge_blocks`), in text and in chat
+  messages, so templates that demand alternating turns (Mistral, Gemma, Alpaca) get them; a
+  named open turn ("Ilya:") after an assistant turn continues that turn. With
+  `alternate = false` (ChatML, Llama 3, Vicuna, every SillyTavern preset) each block is a
+  turn of its own, so the speakers of a group chat keep their own turns.
+- For formats with `system_same_as_user`, chat messages (`render_messages`) fold system
+  blocks into user turns too, as the model's template would: a server running Mistral's or
+  Gemma's template refuses a system message that is not first (or any, Gemma 2).
+- `system_placement = "last_user"` (Mistral v3, Tekken): the leading system blocks go before
+  the last user turn's text, as Mistral's template and mistral-common put them — unless the
+  chat opens with an assistant turn; then they stay the opening user turn.
+- `system_preamble` (Llama 3.1's "Cutting Knowledge Date" lines): the prompt always opens with
+  a system turn that starts with this text, made empty when the story has no system prompt.
 - `wrap` is SillyTavern's: a newline between a prefix and its text, and a newline after the
   text when the role has no suffix. It does not put a newline before a non-empty suffix
   (SillyTavern does not either, and ChatML's `<|im_end|>` follows the text directly).
 - The open block gets `last_output_sequence` (else `output_sequence`) and no suffix; its
-  text ("Ilya: ") is written as given, trailing space included. When
+  text is written without trailing spaces ("Ilya:"), as the models' templates and SillyTavern
+  end it. When
   `last_output_sequence` drops the trailing space `output_sequence` has (Mistral's
   "[/INST]" vs "[/INST] "), that space goes back before a non-empty open text, as
   SillyTavern does.
@@ -65,6 +79,7 @@ from .blocks import Block
 from .errors import ConfigError
 
 NAMES_BEHAVIORS = ("none", "force", "always")
+SYSTEM_PLACEMENTS = ("in_place", "last_user")
 
 # Fields read from a SillyTavern preset that are written as themselves in a Format.
 _SEQUENCE_FIELDS = (
@@ -78,8 +93,16 @@ _SEQUENCE_FIELDS = (
     "last_output_sequence",
     "user_alignment_message",
 )
-_STR_FIELDS = (*_SEQUENCE_FIELDS, "name", "bos", "names_behavior", "stop_sequence")
-_BOOL_FIELDS = ("chat", "system_same_as_user", "wrap")
+_STR_FIELDS = (
+    *_SEQUENCE_FIELDS,
+    "name",
+    "bos",
+    "names_behavior",
+    "stop_sequence",
+    "system_placement",
+    "system_preamble",
+)
+_BOOL_FIELDS = ("chat", "system_same_as_user", "wrap", "alternate")
 _TOML_KEYS = (*_STR_FIELDS, *_BOOL_FIELDS, "stop")
 
 # Older presets wrapped the system prompt with these (newer SillyTavern: story_string_*).
@@ -108,6 +131,9 @@ class Format:
     wrap: bool = False
     user_alignment_message: str = ""
     names_behavior: str = "always"
+    alternate: bool = True
+    system_placement: str = "in_place"
+    system_preamble: str = ""
     stop: tuple[str, ...] = ()
 
 
@@ -187,9 +213,12 @@ def read_preset(path: Path) -> Format:
             source, None, f"is {kind}: a format needs input_sequence and output_sequence (an instruct preset)"
         )
 
-    # A preset is always a text format and has no BOS of its own.
-    wanted = [key for key in (*_STR_FIELDS, *_BOOL_FIELDS) if key not in ("bos", "chat")]
-    values = {key: data[key] for key in wanted if key in data}
+    # A preset is always a text format with no BOS of its own, and SillyTavern gives every
+    # message its own turn.
+    own = ("bos", "chat", "alternate", "system_placement", "system_preamble")
+    wanted = [key for key in (*_STR_FIELDS, *_BOOL_FIELDS) if key not in own]
+    values: dict[str, Any] = {key: data[key] for key in wanted if key in data}
+    values["alternate"] = False
     if not data.get("system_sequence"):
         for prefix_key, suffix_key in _LEGACY_SYSTEM:
             prefix, suffix = data.get(prefix_key, ""), data.get(suffix_key, "")
@@ -238,6 +267,10 @@ def _build(source: str, values: dict[str, Any], default_name: str, extra_stop: l
     behavior = values.get("names_behavior", "always")
     if behavior not in NAMES_BEHAVIORS:
         raise ConfigError(source, "names_behavior", f"expected one of {', '.join(NAMES_BEHAVIORS)}, got {behavior!r}")
+    placement = values.get("system_placement", "in_place")
+    if placement not in SYSTEM_PLACEMENTS:
+        expected = ", ".join(SYSTEM_PLACEMENTS)
+        raise ConfigError(source, "system_placement", f"expected one of {expected}, got {placement!r}")
     stop_sequence = values.pop("stop_sequence", "")
     known = {f.name for f in fields(Format)}
     return Format(
@@ -257,15 +290,28 @@ def _unique(strings: Sequence[str]) -> tuple[str, ...]:
 
 def merge_blocks(blocks: Sequence[Block]) -> list[Block]:
     """Merge consecutive blocks of one role (texts joined by a blank line) so roles
-    alternate. The open block never merges into the block before it."""
+    alternate. An open block that has text ("Ilya:") merges into the closed turn of its role
+    before it, so the model continues that turn; a blank one (no template open turn) stays a
+    turn of its own."""
     merged: list[Block] = []
     for block in blocks:
         previous = merged[-1] if merged else None
-        if previous and previous.role == block.role and not previous.open and not block.open:
-            merged[-1] = Block(block.role, f"{previous.text}\n\n{block.text}")
+        if previous and previous.role == block.role and (not block.open or block.text.strip()):
+            merged[-1] = Block(block.role, f"{previous.text}\n\n{block.text}", block.open)
         else:
             merged.append(block)
     return merged
+
+
+def turns(fmt: Format, blocks: Sequence[Block]) -> list[Block]:
+    """The blocks as the format's turns: the alignment message in, system blocks folded into
+    user turns where the model has no system role (the leading ones into the last user turn
+    when `system_placement = "last_user"`), and consecutive turns of one role merged where
+    the model demands alternating turns (`alternate`)."""
+    out = _aligned(fmt, _checked(blocks))
+    if fmt.system_same_as_user:
+        out = _folded(fmt, out)
+    return merge_blocks(out) if fmt.alternate else out
 
 
 def render_text(fmt: Format, blocks: Sequence[Block]) -> str:
@@ -274,17 +320,18 @@ def render_text(fmt: Format, blocks: Sequence[Block]) -> str:
 
 
 def text_pieces(fmt: Format, blocks: Sequence[Block]) -> list[str]:
-    """The text prompt in pieces: the BOS, then each (merged) turn with its sequences, the
-    open turn last. Joined, they are `render_text`; apart, they can be priced one by one."""
-    turns = _aligned(fmt, _checked(blocks))
-    if not turns or not turns[-1].open:
-        turns.append(Block("assistant", "", open=True))
-    if fmt.system_same_as_user:
-        turns = [Block("user", b.text, b.open) if b.role == "system" else b for b in turns]
+    """The text prompt in pieces: the BOS, then each turn with its sequences, the open turn
+    last. Joined, they are `render_text`; apart, they can be priced one by one."""
+    blocks = list(blocks)
+    if not blocks or not blocks[-1].open:
+        blocks.append(Block("assistant", "", open=True))
     separator = "\n" if fmt.wrap else ""
     parts = [fmt.bos]
     first_output = True
-    for block in merge_blocks(turns):
+    all_turns = turns(fmt, blocks)
+    if fmt.system_preamble:
+        all_turns = _with_preamble(fmt, all_turns)
+    for block in all_turns:
         if block.open:
             parts.append(_open_turn(fmt, block, separator))
             continue
@@ -295,11 +342,12 @@ def text_pieces(fmt: Format, blocks: Sequence[Block]) -> list[str]:
 
 
 def render_messages(fmt: Format, blocks: Sequence[Block]) -> list[dict[str, str]]:
-    """Chat messages `{"role", "content"}`, merged so roles alternate. A blank open block is
-    dropped; otherwise it is sent last as a prefill, with trailing whitespace removed (some
-    APIs refuse a prefill that ends in whitespace, and the model writes the space itself)."""
+    """Chat messages `{"role", "content"}`, as the format's turns (see `turns`): a server
+    applying the model's own chat template accepts them. A blank open block is dropped;
+    otherwise it is sent last as a prefill, with trailing whitespace removed (some APIs
+    refuse a prefill that ends in whitespace, and the model writes the space itself)."""
     messages: list[dict[str, str]] = []
-    for block in merge_blocks(_aligned(fmt, _checked(blocks))):
+    for block in turns(fmt, blocks):
         text = block.text.rstrip() if block.open else block.text
         if block.open and not text:
             continue
@@ -333,6 +381,31 @@ def _aligned(fmt: Format, blocks: list[Block]) -> list[Block]:
     return blocks
 
 
+def _folded(fmt: Format, blocks: list[Block]) -> list[Block]:
+    """System blocks as user blocks. With `system_placement = "last_user"` the leading system
+    blocks go before the text of the last user block instead (Mistral v3 and Tekken) — unless
+    the chat opens with an assistant turn: then they stay its opening user turn, so that
+    turns still alternate."""
+    lead = 0
+    while lead < len(blocks) and blocks[lead].role == "system":
+        lead += 1
+    users = [i for i, b in enumerate(blocks) if b.role == "user" and i >= lead]
+    if fmt.system_placement == "last_user" and lead and users and users[0] == lead:
+        last = users[-1]
+        system = "\n\n".join(b.text for b in blocks[:lead])
+        target = blocks[last]
+        blocks = [*blocks[lead:last], Block("user", f"{system}\n\n{target.text}", target.open), *blocks[last + 1 :]]
+    return [Block("user", b.text, b.open) if b.role == "system" else b for b in blocks]
+
+
+def _with_preamble(fmt: Format, blocks: list[Block]) -> list[Block]:
+    """Llama 3.1's knowledge-date lines: the prompt always opens with a system turn that
+    starts with `system_preamble`."""
+    if blocks and blocks[0].role == "system" and not blocks[0].open:
+        return [Block("system", fmt.system_preamble + blocks[0].text), *blocks[1:]]
+    return [Block("system", fmt.system_preamble), *blocks]
+
+
 def _sequences(fmt: Format, role: str, first_output: bool) -> tuple[str, str]:
     """The prefix and suffix of a closed block."""
     if role == "system":
@@ -344,17 +417,20 @@ def _sequences(fmt: Format, role: str, first_output: bool) -> tuple[str, str]:
 
 
 def _open_turn(fmt: Format, block: Block, separator: str) -> str:
-    """The open block: its role's prefix (an assistant's last one), its text, no suffix."""
+    """The open block: its role's prefix (an assistant's last one), its text without trailing
+    spaces, no suffix: the models' templates and SillyTavern end on "Name:" (a trailing space
+    would be a token of its own to a BPE tokenizer, and the model writes it anyway). The
+    prefix is kept as it is, as SillyTavern keeps it."""
     if block.role != "assistant":
         prefix = _sequences(fmt, block.role, first_output=False)[0]
-        return prefix + (separator if prefix else "") + block.text
+        return prefix + (separator if prefix else "") + block.text.rstrip(" ")
     prefix = fmt.last_output_sequence or fmt.output_sequence
     filler = ""
     if (
-        block.text
+        block.text.strip()
         and fmt.last_output_sequence
         and fmt.output_sequence[-1:].isspace()
         and not fmt.last_output_sequence[-1:].isspace()
     ):
         filler = fmt.output_sequence[-1]
-    return prefix + (separator if prefix else "") + filler + block.text
+    return prefix + (separator if prefix else "") + filler + block.text.rstrip(" ")

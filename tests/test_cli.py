@@ -64,7 +64,7 @@ def test_build_writes_only_the_prompt_to_stdout(capsys):
     code, out, err = run(capsys, "build", CASE3)
     assert code == 0
     assert out.startswith("You are the narrator")
-    assert out.endswith("Narrator: ")  # the open turn, no newline added off a terminal
+    assert out.endswith("Narrator:")  # the open turn, no newline added off a terminal
     assert err == ""
 
 
@@ -111,14 +111,14 @@ def test_emit_openai_chat_is_a_request_body(capsys):
     body = json.loads(out)
     assert code == 0 and set(body) == {"messages", "max_tokens", "stop"}
     assert body["max_tokens"] == 300
-    assert "\nMara:" in body["stop"] and "\nNarrator:" in body["stop"]
+    assert "\nMara:" in body["stop"] and "\nNarrator:" not in body["stop"]  # never the one speaking
 
 
 def test_emit_openai_completion_is_a_request_body(capsys):
     code, out, _ = run(capsys, "build", CASE3, "--emit", "openai-completion", "--format", "chatml")
     body = json.loads(out)
     assert code == 0 and set(body) == {"prompt", "max_tokens", "stop"}
-    assert body["prompt"].endswith("<|im_start|>assistant\nNarrator: ")
+    assert body["prompt"].endswith("<|im_start|>assistant\nNarrator:")
     assert "<|im_end|>" in body["stop"]
 
 

@@ -40,9 +40,14 @@ PRESETS = ("default", "alpaca", "chatml", "llama-3-instruct", "mistral-v2-v3")
 WRAP = {"default": True, "alpaca": True, "chatml": True, "llama-3-instruct": False, "mistral-v2-v3": False}
 
 
-def prompt(template: str | Path, fmt: str | Path = PLAIN, emit: str = "text") -> str:
+def prompt(template: str | Path, fmt: str | Path = PLAIN, emit: str = "text", stops: int = 0) -> str:
+    """The prompt as emitted; `stops` caps a request body's stop strings (0: all of them)."""
     settings = load_settings(
-        overrides={"prompt.template": (str(template), "test"), "prompt.format": (str(fmt), "test")}
+        overrides={
+            "prompt.template": (str(template), "test"),
+            "prompt.format": (str(fmt), "test"),
+            "model.max_stop_strings": (stops, "test"),
+        }
     )
     built = build(open_story(CHAT), settings, emit=emit)
     assert built.prompt is not None

@@ -24,7 +24,20 @@ from otaku_ctx.formats import (
 )
 
 PRESETS = sorted((FIXTURES / "sillytavern" / "instruct").glob("*.json"))
-BUILTINS = ("chat", "chatml", "llama3", "mistral", "alpaca", "vicuna", "gemma", "raw")
+BUILTINS = (
+    "chat",
+    "chatml",
+    "llama3",
+    "llama3.1",
+    "mistral",
+    "mistral-v3",
+    "mistral-tekken",
+    "mistral-v7",
+    "alpaca",
+    "vicuna",
+    "gemma",
+    "raw",
+)
 
 SYSTEM = "You are Ilya, a ferryman."
 GREETING = "Ilya: Welcome aboard."
@@ -50,41 +63,63 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 # --- the shipped formats, rendered byte for byte ------------------------------------------
 
+# The open turn ends "Ilya:" with no trailing space, as the models' templates and SillyTavern
+# end it; tests/test_fidelity_formats.py holds the comparisons with the templates themselves.
 EXPECTED = {
     "chatml": (
         "<|im_start|>system\nYou are Ilya, a ferryman.<|im_end|>\n"
         "<|im_start|>assistant\nIlya: Welcome aboard.<|im_end|>\n"
         "<|im_start|>user\nAnna: Where are we going?<|im_end|>\n"
-        "<|im_start|>assistant\nIlya: "
+        "<|im_start|>assistant\nIlya:"
     ),
     "llama3": (
         "<|begin_of_text|>"
         "<|start_header_id|>system<|end_header_id|>\n\nYou are Ilya, a ferryman.<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\nIlya: Welcome aboard.<|eot_id|>"
         "<|start_header_id|>user<|end_header_id|>\n\nAnna: Where are we going?<|eot_id|>"
-        "<|start_header_id|>assistant<|end_header_id|>\n\nIlya: "
+        "<|start_header_id|>assistant<|end_header_id|>\n\nIlya:"
+    ),
+    "llama3.1": (
+        "<|begin_of_text|>"
+        "<|start_header_id|>system<|end_header_id|>\n\n"
+        "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nYou are Ilya, a ferryman.<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nIlya: Welcome aboard.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nAnna: Where are we going?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nIlya:"
     ),
     "mistral": (
-        "<s>[INST] You are Ilya, a ferryman. [/INST]Ilya: Welcome aboard.</s>"
-        "[INST] Anna: Where are we going? [/INST]Ilya: "
+        "<s> [INST] You are Ilya, a ferryman. [/INST] Ilya: Welcome aboard.</s>"
+        " [INST] Anna: Where are we going? [/INST] Ilya:"
     ),
-    "raw": "You are Ilya, a ferryman.\n\nIlya: Welcome aboard.\n\nAnna: Where are we going?\n\nIlya: ",
-    "chat": "You are Ilya, a ferryman.\n\nIlya: Welcome aboard.\n\nAnna: Where are we going?\n\nIlya: ",
+    # the chat opens with the assistant: the system prompt stays its opening user turn
+    "mistral-v3": (
+        "<s>[INST] You are Ilya, a ferryman.[/INST] Ilya: Welcome aboard.</s>"
+        "[INST] Anna: Where are we going?[/INST] Ilya:"
+    ),
+    "mistral-tekken": (
+        "<s>[INST]You are Ilya, a ferryman.[/INST]Ilya: Welcome aboard.</s>[INST]Anna: Where are we going?[/INST]Ilya:"
+    ),
+    "mistral-v7": (
+        "<s>[SYSTEM_PROMPT] You are Ilya, a ferryman.[/SYSTEM_PROMPT] Ilya: Welcome aboard.</s>"
+        "[INST] Anna: Where are we going?[/INST] Ilya:"
+    ),
+    "raw": "You are Ilya, a ferryman.\n\nIlya: Welcome aboard.\n\nAnna: Where are we going?\n\nIlya:",
+    "chat": "You are Ilya, a ferryman.\n\nIlya: Welcome aboard.\n\nAnna: Where are we going?\n\nIlya:",
     "gemma": (
         "<bos><start_of_turn>user\nYou are Ilya, a ferryman.<end_of_turn>\n"
         "<start_of_turn>model\nIlya: Welcome aboard.<end_of_turn>\n"
         "<start_of_turn>user\nAnna: Where are we going?<end_of_turn>\n"
-        "<start_of_turn>model\nIlya: "
+        "<start_of_turn>model\nIlya:"
     ),
     "alpaca": (
         "You are Ilya, a ferryman.\n\n"
         "### Response:\nIlya: Welcome aboard.\n\n"
         "### Instruction:\nAnna: Where are we going?\n\n"
-        "### Response:\nIlya: "
+        "### Response:\nIlya:"
     ),
     "vicuna": (
-        "You are Ilya, a ferryman. ASSISTANT: Ilya: Welcome aboard.</s>"
-        "USER: Anna: Where are we going? ASSISTANT: Ilya: "
+        "You are Ilya, a ferryman.\n\nASSISTANT: Ilya: Welcome aboard.</s>\n"
+        "USER: Anna: Where are we going?\nASSISTANT: Ilya:"
     ),
 }
 
@@ -103,10 +138,12 @@ def test_every_shipped_format_has_an_expected_rendering() -> None:
     [
         ("chatml", "<|im_start|>assistant\n"),
         ("llama3", "<|start_header_id|>assistant<|end_header_id|>\n\n"),
-        ("mistral", " [/INST]"),
+        ("mistral", " [/INST] "),
+        ("mistral-v3", "Anna: Where are we going?[/INST] "),
+        ("mistral-tekken", "Anna: Where are we going?[/INST]"),
         ("gemma", "<start_of_turn>model\n"),
         ("alpaca", "### Response:\n"),
-        ("vicuna", "USER: Anna: Where are we going? ASSISTANT:"),  # no trailing space
+        ("vicuna", "USER: Anna: Where are we going?\nASSISTANT:"),  # no trailing space
         ("raw", "Anna: Where are we going?\n\n"),
     ],
 )
@@ -118,7 +155,7 @@ def test_without_an_open_block_an_assistant_turn_is_opened(name: str, end: str) 
 def test_mistral_folds_the_system_block_into_the_next_user_turn() -> None:
     blocks = [Block("system", SYSTEM), Block("user", QUESTION), Block("assistant", "Ilya: ", open=True)]
     assert render_text(builtin("mistral"), blocks) == (
-        "<s>[INST] You are Ilya, a ferryman.\n\nAnna: Where are we going? [/INST]Ilya: "
+        "<s> [INST] You are Ilya, a ferryman.\n\nAnna: Where are we going? [/INST] Ilya:"
     )
 
 
@@ -182,14 +219,19 @@ def test_consecutive_blocks_of_one_role_merge_with_a_blank_line() -> None:
     assert merge_blocks(blocks) == [Block("system", "a\n\nb"), Block("user", "c\n\nd"), Block("assistant", "e")]
 
 
-def test_the_open_block_never_merges_into_the_previous_one() -> None:
+def test_a_named_open_block_continues_the_turn_before_it_a_blank_one_does_not() -> None:
     blocks = [Block("assistant", "Ilya: Hm."), Block("assistant", "Ilya: ", open=True)]
-    assert merge_blocks(blocks) == blocks
+    assert merge_blocks(blocks) == [Block("assistant", "Ilya: Hm.\n\nIlya: ", open=True)]
+    blank = [Block("assistant", "Ilya: Hm."), Block("assistant", "", open=True)]
+    assert merge_blocks(blank) == blank
 
 
-def test_text_formats_merge_too() -> None:
-    blocks = [Block("system", "a"), Block("system", "b"), Block("user", "c")]
-    assert render_text(builtin("chatml"), blocks).startswith("<|im_start|>system\na\n\nb<|im_end|>\n")
+def test_alternating_text_formats_merge_the_others_keep_every_turn() -> None:
+    blocks = [Block("system", "a"), Block("user", "c"), Block("user", "d")]
+    assert render_text(builtin("gemma"), blocks).startswith("<bos><start_of_turn>user\na\n\nc\n\nd<end_of_turn>\n")
+    assert render_text(builtin("chatml"), blocks).startswith(
+        "<|im_start|>system\na<|im_end|>\n<|im_start|>user\nc<|im_end|>\n<|im_start|>user\nd<|im_end|>\n"
+    )
 
 
 blocks_strategy = st.lists(
@@ -227,12 +269,11 @@ def test_messages_drop_a_blank_open_block(text: str) -> None:
     assert render_messages(builtin("chat"), blocks)[-1] == {"role": "user", "content": QUESTION}
 
 
-def test_messages_keep_the_system_role_even_when_the_format_folds_it() -> None:
+def test_messages_fold_the_system_role_where_the_model_has_none() -> None:
+    """Mistral's and Gemma's templates refuse a system message that is not first, or any."""
     blocks = [Block("system", "a"), Block("system", "b"), Block("user", "c")]
-    assert render_messages(builtin("mistral"), blocks) == [
-        {"role": "system", "content": "a\n\nb"},
-        {"role": "user", "content": "c"},
-    ]
+    assert render_messages(builtin("mistral"), blocks) == [{"role": "user", "content": "a\n\nb\n\nc"}]
+    assert render_messages(builtin("chatml"), blocks)[0] == {"role": "system", "content": "a"}
 
 
 # --- stop sequences -----------------------------------------------------------------------
@@ -268,7 +309,7 @@ def test_sillytavern_preset_renders_ending_in_its_output_sequence(path: Path) ->
     named = render_text(fmt, CONVERSATION)
     assert bare.endswith(sequence + ("\n" if fmt.wrap else ""))
     assert named.startswith(bare)
-    assert named[len(bare) :].lstrip(" ") == "Ilya: "
+    assert named[len(bare) :].lstrip(" ") == "Ilya:"
     assert GREETING in named and QUESTION in named and SYSTEM in named
 
 
@@ -289,12 +330,14 @@ def test_gemma_preset_folds_system_into_user_like_the_shipped_gemma() -> None:
 
 
 def test_mistral_preset_aligns_and_puts_the_space_back_before_the_name() -> None:
+    """SillyTavern gives every message its own turn: the system prompt (a user turn here)
+    and the alignment message are two [INST] turns, as SillyTavern writes them."""
     preset = load_format(str(FIXTURES / "sillytavern" / "instruct" / "mistral-v2-v3.json"), [])
     assert render_text(preset, CONVERSATION) == (
-        "[INST] You are Ilya, a ferryman.\n\n"
-        "Let's get started. Please respond based on the information and instructions provided above."
+        "[INST] You are Ilya, a ferryman."
+        "[INST] Let's get started. Please respond based on the information and instructions provided above."
         "[/INST] Ilya: Welcome aboard.</s>"
-        "[INST] Anna: Where are we going?[/INST] Ilya: "
+        "[INST] Anna: Where are we going?[/INST] Ilya:"
     )
     assert render_text(preset, CONVERSATION[:3]).endswith("Where are we going?[/INST]")
 
@@ -305,7 +348,7 @@ def test_legacy_system_prefix_wraps_system_blocks() -> None:
         "BEGINNING OF CONVERSATION:You are Ilya, a ferryman."
         "\nASSISTANT: Ilya: Welcome aboard.</s>"
         "\nUSER: Anna: Where are we going?"
-        "\nASSISTANT: Ilya: "
+        "\nASSISTANT: Ilya:"
     )
 
 

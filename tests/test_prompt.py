@@ -84,7 +84,7 @@ def test_done_when_serene_chatml_case_4(capsys):
     code, prompt, _ = run(capsys, "build", CASE4, "--template", "serene", "--format", "chatml", "--emit", "text")
     assert code == 0
     assert prompt.startswith("<|im_start|>system\n")
-    assert prompt.endswith("<|im_start|>assistant\nNarrator: ")
+    assert prompt.endswith("<|im_start|>assistant\nNarrator:")
     code, out, _ = run(capsys, "inspect", CASE4, "--template", "serene", "--format", "chatml", "--json")
     data = json.loads(out)
     assert make_counter("cl100k_base")(prompt) == data["tokens"] <= data["limit"]
@@ -103,7 +103,7 @@ def test_default_template_is_otakus_shape():
         prompt.index(x) for x in ("[Scene 1]", "[Scene 2]", "Card47 joins the story.", "[Scene 3]", "Ilya: word 66")
     ]
     assert order == sorted(order)
-    assert prompt.endswith("Ilya: word 220\n\nIlya: ")
+    assert prompt.endswith("Ilya: word 220\n\nIlya:")
 
 
 def test_sillytavern_template_fills_the_story_string_from_the_card():
