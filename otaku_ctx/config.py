@@ -182,7 +182,9 @@ def load_settings(
     sources: dict[str, str] = {}
     path = path or default_config_path()
     read: Path | None = None
-    if path.is_file():
+    if path.is_dir():
+        raise ConfigError(str(path), None, "is a directory; name the config file inside it")
+    if path.exists():  # a file, or a pipe: `--config <(...)`
         _apply_file(path, _read_toml(path), values, sources)
         read = path
     elif explicit:

@@ -32,7 +32,8 @@ def load_template(name_or_path: str, home: Path | None) -> Template | PresetTemp
     if path.suffix.lower() == ".json":
         preset = read_context_preset(path)
         return PresetTemplate(preset, compiled(story_source(preset), f"{path} (story_string)"))
-    if not (name_or_path.endswith(".hbs") or path.is_file()):
+    # A file is anything that is there and not a folder: `--template <(...)` is a pipe.
+    if not (name_or_path.endswith(".hbs") or (path.exists() and not path.is_dir())):
         found = [d / f"{name_or_path}.hbs" for d in search_dirs("templates", home)]
         path = next((p for p in found if p.is_file()), found[-1] if found else path)
         if not path.is_file():

@@ -327,3 +327,37 @@ def test_a_slow_build_shows_progress_on_a_terminal_and_nowhere_else(expected):
     assert "\x1b[" in err and err.rstrip("\n").endswith("(cl100k_base)")  # the bar, cleared, then the summary
     status, out, err = ctx("build", CASE3, stderr_tty=False, progress_after=0.0)
     assert (status, out, err) == (0, expected, "")
+
+
+def test_a_template_and_a_config_from_pipes(tmp_path, expected):
+    """`--template <(...)` and `--config <(...)` are pipes: read once, like files."""
+    template, config = tmp_path / "template.fifo", tmp_path / "config.fifo"
+    os.mkfifo(template)
+    os.mkfifo(config)
+    source = (REPO / "configs" / "templates" / "default.hbs").read_bytes()
+    writers = [
+        threading.Thread(target=lambda: template.write_bytes(source)),
+        threading.Thread(target=lambda: config.write_bytes(b"[model]\nwindow = 8192\n")),
+    ]
+    for writer in writers:
+        writer.start()
+    try:
+        assert ctx("build", CASE3, "--config", config, "--template", template) == (0, expected, "")
+    finally:
+        for writer in writers:
+            writer.join(timeout=10)
+
+
+def test_the_persona_list_holds_each_name_once(tmp_path):
+    """It used to get one entry per user message: serene refused long stories and grew without bound."""
+    lines = [
+        json.dumps({"role": role, "name": name, "content": f"line {n}"})
+        for n in range(400)
+        for role, name in (("user", "Mara" if n % 3 else "Wren"), ("assistant", "Ilya"))
+    ]
+    story = tmp_path / "story.jsonl"
+    story.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    status, out, _ = ctx("template", "vars", story, "--template", "serene")
+    assert status == 0
+    personas = json.loads(json.loads(out)["personas"])
+    assert [p["name"] for p in personas] == ["Mara", "Wren"]
