@@ -99,7 +99,7 @@ def open_story(
 def renderer_for(story: Story, settings: Settings, *, emit: str = "text", reserve: int = 0) -> PromptRenderer:
     """The configured template, format and emit form, ready to render this story."""
     if emit not in EMITS:
-        raise UsageError("--emit", None, f"unknown emit form {emit!r}; expected one of {', '.join(EMITS)}")
+        raise ValueError(f"unknown emit form {emit!r}; expected one of {', '.join(EMITS)}")  # the CLI offers only these
     p = settings.prompt
     home = otaku_home()
     variables = Variables(story, names_for(story, settings).names, p)

@@ -11,7 +11,6 @@ from typing import Any
 
 from .assembler import Assembly, Part
 from .blocks import Block
-from .errors import ConfigError
 from .formats import Format, render_messages, render_text, stop_sequences
 from .hbs import Template
 from .presets import PresetTemplate
@@ -96,7 +95,7 @@ class PromptRenderer:
         elif self.emit == "openai-completion":
             body = self.body("prompt", self.text(blocks))
         else:
-            raise ConfigError("--emit", None, f"unknown emit form {self.emit!r}; expected one of {', '.join(EMITS)}")
+            raise ValueError(f"unknown emit form {self.emit!r}; expected one of {', '.join(EMITS)}")
         return json.dumps(body, ensure_ascii=False, indent=2) + "\n"
 
     @property

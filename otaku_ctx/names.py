@@ -24,7 +24,7 @@ from .model import Card, Message, Story
 MACRO = re.compile(r"\{\{(char|user)\}\}|<(USER|BOT)>", re.IGNORECASE)
 
 # Where a name came from, as `inspect` says it.
-FROM_CHAR_FLAG = "--char"
+FROM_CHAR_FLAG = "--char"  # labels for `inspect`: where a name was given, as the user gave it
 FROM_USER_FLAG = "--user"
 FROM_CONFIG = "config [prompt] user"
 FROM_CARD = "card"
