@@ -186,6 +186,7 @@ _shared("max_context", int | None, "context.max_context", metavar="TOKENS", help
 _shared("head", int | None, "context.head_messages", metavar="N", help="Opening messages kept verbatim.")
 _shared("tail", int | None, "context.min_tail_messages", metavar="N", help="Recent messages kept verbatim, at least.")
 _shared("reserve", str | None, "context.reply_reserve", metavar="TOKENS|auto", help="Tokens kept free for the reply.")
+_shared("cache", str | None, "context.cache", metavar="exact|stable", help="How the shape is chosen (docs/caching.md).")
 _shared("tokenizer", TokenizerName | None, "model.tokenizer", help="cl100k_base (exact) or estimate (len/4).")
 _shared("debug", Debug)
 _DEFAULTS: dict[str, Any] = {"emit": Emit.text, "debug": False}
@@ -567,3 +568,6 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):
         pass
+
+
+from . import cli_replay  # noqa: E402, F401 - adds `ctx replay` to `app` (it needs the options above)
