@@ -148,18 +148,19 @@ def turn_numbers(total: int, first: int | None, last: int | None, every: int) ->
     start = 1 if first is None else first
     end = total if last is None else last
     if not 1 <= start <= total:
-        raise UsageError("--from", None, f"expected a message number from 1 to {total}, got {start}")
+        raise UsageError("--first", None, f"expected a message number from 1 to {total}, got {start}")
     if not start <= end <= total:
-        raise UsageError("--to", None, f"expected a message number from {start} to {total}, got {end}")
+        raise UsageError("--last", None, f"expected a message number from {start} to {total}, got {end}")
     numbers = list(range(start, end + 1, every))
     if numbers[-1] != end:
         numbers.append(end)
     return numbers
 
 
-def _tokenizer(name: str) -> Callable[[str], Tokens]:
-    """Text to tokens: cl100k_base's ids, or for the estimate (4 characters a token) the text in
-    4-character pieces."""
+def _tokenizer(name: str) -> tuple[Callable[[str], Tokens], int]:
+    """Text to tokens, and how many of them make one token of the count: cl100k_base's ids (1),
+    or for the estimate (4 characters a token) the text's characters (4), so that a prefix
+    is a prefix wherever it ends."""
     if name == "cl100k_base":
         from .tokens import _cl100k
 
@@ -171,8 +172,8 @@ def _tokenizer(name: str) -> Callable[[str], Tokens]:
             except UnicodeEncodeError:
                 return list(core.encode_ordinary(text.encode("utf-8", "replace").decode("utf-8")))
 
-        return ids
-    return lambda text: [text[i : i + 4] for i in range(0, len(text), 4)]
+        return ids, 1
+    return list, 4
 
 
 @dataclass
@@ -181,6 +182,7 @@ class _Measure:
     open turn)."""
 
     encode: Callable[[str], Tokens]
+    unit: int
     format: Format
     chat_form: bool
 
@@ -230,7 +232,7 @@ def replay(
 
     count = make_counter(settings.model.tokenizer)
     renderer = renderer_for(story, settings, emit=emit)  # its format and emit form; no turn changes them
-    measure = _Measure(_tokenizer(count.name), renderer.format, renderer.chat_counted)
+    measure = _Measure(*_tokenizer(count.name), renderer.format, renderer.chat_counted)
     turns: list[Turn] = []
     transitions: list[Transition] = []
     before: Tokens | None = None  # the previous prompt less its open turn
@@ -246,7 +248,8 @@ def replay(
         reused = _common(before, whole) if before is not None else 0
         prefix = before is not None and reused == len(before) and bool(whole)
         covered = len(a.summaries) + (a.level if a.history else 0)
-        turn = Turn(n, a.case, a.tail_target, a.level, covered, len(whole), a.limit, reused, prefix)
+        unit = measure.unit
+        turn = Turn(n, a.case, a.tail_target, a.level, covered, len(whole) // unit, a.limit, reused // unit, prefix)
         if turns:
             transitions += _changes(turns[-1], turn)
         turns.append(turn)
