@@ -115,3 +115,16 @@ def test_a_bad_cache_setting_is_a_config_error(tmp_path) -> None:
     path.write_text("[context]\ncache_slack = 1.5\n")
     with pytest.raises(ConfigError, match="share of the limit"):
         load_settings(path)
+
+
+def test_inspect_explain_names_the_stable_policy_and_its_room(capsys) -> None:
+    from conftest import FIXTURES, run
+
+    code, out, _ = run(
+        capsys, "inspect", FIXTURES / "replay-long.jsonl", "--window", "40000", "--cache", "stable", "--json"
+    )
+    assert code == 0
+    data = __import__("json").loads(out)
+    held = [t for t in data["trace"] if t["step"] == "Held"]
+    assert len(held) == 1 and held[0]["room"] == data["limit"] - data["tokens"] and held[0]["turns"] > 0
+    assert any(s.startswith("cache policy stable: tail target") for s in data["steps"])
