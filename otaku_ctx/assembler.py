@@ -41,6 +41,8 @@ from .model import Message, Role, Scene, Story
 
 PartKind = Literal["message", "card", "summary", "history"]
 SceneRef = int | str
+Cache = Literal["exact", "stable"]
+CACHES: tuple[str, ...] = ("exact", "stable")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,19 @@ class Shape:
     def threshold(self) -> int:
         """The verbatim threshold: head_messages + min_tail_messages (170 by default)."""
         return self.head + self.min_tail
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a shape is chosen among the candidates that fit (the `[context] cache` settings).
+
+    `exact`: the first candidate that fits, turn by turn (the seed's search as written).
+    `stable`: keep the shape of the previous turns while it is still a candidate and fits, so the
+    prompt's prefix stays byte-stable for a backend's prompt cache; when it must change, move
+    to the first candidate that leaves `slack` (a share of the limit) free for the coming turns."""
+
+    cache: Cache = "exact"
+    slack: float = 0.15
 
 
 @dataclass(frozen=True)
@@ -96,6 +111,10 @@ class Pricer(Protocol):
 
     def exact(self, assembly: Assembly) -> int:
         """Tokens of the prompt actually emitted for this assembly."""
+        ...
+
+    def text(self, text: str) -> int:
+        """Tokens of a bare text, without any framing (a quick price for a message's content)."""
         ...
 
 
@@ -214,6 +233,23 @@ class FitsRendered:
 
 
 @dataclass(frozen=True)
+class Held:
+    """The stable policy's choice: the shape (covered scenes, level) held since message
+    `since`, the `changes` of shape the story went through up to now, the `slack` in tokens
+    it kept at each change, and the `room` (tokens) and `turns` (messages of the size of the
+    recent ones) left before the shape must change again."""
+
+    since: int
+    target: int
+    level: int
+    scenes: tuple[SceneRef, ...]
+    changes: int
+    slack: int
+    room: int
+    turns: int
+
+
+@dataclass(frozen=True)
 class Refused:
     """Case 6."""
 
@@ -230,6 +266,7 @@ Step = (
     | LevelsOverflow
     | NoHistory
     | FitsRendered
+    | Held
     | Refused
 )
 
@@ -318,11 +355,12 @@ class Chain:
     blocked: bool = False  # it ends before the tail for a reason the story could fix
 
 
-def covered_chain(story: Story, shape: Shape, tail_target: int) -> Chain:
+def covered_chain(story: Story, shape: Shape, tail_target: int, messages: int | None = None) -> Chain:
     """The scenes, in order, from the one holding message H+1, each starting right after the
     previous one, each summarised, each ending before message N−T ("the scene that covers
-    message 70" starts the tail). The first scene that breaks a condition ends the chain."""
-    n, first = len(story), shape.head + 1
+    message 70" starts the tail). The first scene that breaks a condition ends the chain.
+    `messages` takes N as smaller than the story (an earlier turn of it)."""
+    n, first = len(story) if messages is None else messages, shape.head + 1
     boundary = n - tail_target
     if first > n:
         return Chain((), ChainStop("head_full", messages=n))
@@ -674,6 +712,222 @@ class _Search:
         )
 
 
+# ── The stable policy: a prompt whose prefix holds from turn to turn ────────────────────
+
+
+Candidate = tuple[int, int]  # (covered scenes m, level k): scenes 1..m of the run, level k of them
+
+
+@dataclass
+class _Stable:
+    """`cache = "stable"`: the same candidates as the seed's search, chosen so the prompt's
+    prefix survives from one turn to the next.
+
+    A backend reuses its work only for an unchanged prefix, and the exact search changes the
+    shape whenever another candidate fits first (the tail target flips 100 → 50 → 100, the
+    level climbs a step a turn), rewriting all after the head. This policy walks the story's
+    turns from the first message to the last — turn n is the story's first n messages, with
+    the scenes that end by then — holding a shape (covered scenes, level) while it is still
+    one of the seed's candidates at that turn and its parts still fit the limit. When it
+    must change, it moves to the first candidate (in the seed's order) that leaves `slack`
+    of the limit free, never to fewer covered scenes or a lower level; only when no such
+    candidate fits does it take the one that barely fits, and only when none fits at all
+    does it step back. The walk reads nothing but the story: a build of turn N is the N-th
+    turn of a replay, with no state kept between builds.
+
+    The cost: each message is priced once (every message is in some turn's tail), which the
+    exact search never pays for the covered middle."""
+
+    search: _Search
+    slack: float
+
+    def __post_init__(self) -> None:
+        story, shape = self.search.story, self.search.shape
+        self.run = covered_chain(story, shape, -len(story) - 1).scenes  # every scene a chain may hold
+        self.ends = [s.end for s in self.run]
+        pricer, cards = self.search.pricer, self.search.cards
+        self.summaries = [0]
+        self.card_costs = [0]
+        for scene in self.run:
+            self.summaries.append(self.summaries[-1] + pricer.recap_part(Part("summary", scene=scene)))
+            self.card_costs.append(
+                self.card_costs[-1] + sum(pricer.recap_part(Part("card", message=m)) for m in cards(scene))
+            )
+        self.histories = {
+            k: pricer.recap_part(Part("history", scene=s)) for k, s in enumerate(self.run, start=1) if s.history.strip()
+        }
+        # Each message after the one before it (the first after the frame), in prefix sums.
+        messages = story.messages
+        self.framing: dict[tuple[Role, str | None, Role | None], int] = {}
+        self.prefix = [0]
+        for j, message in enumerate(messages):
+            self.prefix.append(self.prefix[-1] + self.quick(message, messages[j - 1].role if j else None))
+        opening = head(story, shape)
+        self.head_role: Role | None = opening[-1].role if opening else None
+        self.opening = pricer.recap_opening(self.head_role) if self.run else 0
+        self.fixed = pricer.fixed()
+
+    def quick(self, message: Message, after: Role | None) -> int:
+        """A message's price for the walk: its content's tokens and its turn's framing (measured
+        once per role, name and role before), so the walk does not render every message. The
+        prompt of the last turn is priced part by part and counted as emitted, as always."""
+        pricer = self.search.pricer
+        if message.is_card:
+            return pricer.part(Part.verbatim(message), after)
+        key = (message.role, message.name, after)
+        framing = self.framing.get(key)
+        if framing is None:
+            probe = Message(0, message.role, "…", message.name)
+            framing = self.framing[key] = pricer.part(Part.verbatim(probe), after) - pricer.text("…")
+        return framing + pricer.text(message.content)
+
+    # ── The candidates of one turn ──
+
+    def covers(self, n: int, target: int) -> int:
+        """How many scenes the covered chain holds at turn n for this tail target."""
+        return bisect_left(self.ends, n - target)
+
+    def on_ladder(self, low: int, high: int) -> bool:
+        """Whether some tail target of the ladder lies in low..high."""
+        shape = self.search.shape
+        top, step, floor = shape.min_tail, shape.tail_step, shape.tail_floor
+        if low <= top <= high:
+            return True
+        if floor < top and low <= floor <= high:
+            return True
+        steps = max(0, -(-(top - high) // step))
+        value = top - steps * step
+        return value >= max(low, floor)
+
+    def holds(self, candidate: Candidate, n: int) -> bool:
+        """Whether the chain of `candidate` is the covered chain of some tail target at turn n."""
+        m = candidate[0]
+        low = n - self.ends[m] if m < len(self.run) else -(1 << 62)
+        high = n - self.ends[m - 1] - 1 if m else 1 << 62
+        return self.on_ladder(max(low, 0), high)
+
+    def candidates(self, n: int) -> list[Candidate]:
+        """Turn n's candidates in the seed's order: tail targets from the longest, each chain's
+        summaries (level 0) before its levels."""
+        seen: set[int] = set()
+        out: list[Candidate] = []
+        for target in rungs(self.search.shape, n):
+            m = self.covers(n, target)
+            if m in seen:
+                continue
+            seen.add(m)
+            out += [(m, 0)] + [(m, k) for k in range(1, m + 1) if k in self.histories]
+        return out
+
+    def target(self, m: int, n: int) -> int:
+        """The longest tail target whose chain holds `m` scenes at turn n."""
+        targets = rungs(self.search.shape, n)
+        return next((t for t in targets if self.covers(n, t) == m), targets[-1])
+
+    def estimate(self, candidate: Candidate, n: int) -> int:
+        """The candidate's parts at turn n, priced as the exact search prices them."""
+        m, k = candidate
+        h = min(self.search.shape.head, n)
+        cost = self.fixed + self.prefix[h]
+        first = self.ends[m - 1] + 1 if m else h + 1
+        if m:
+            recap = self.card_costs[m] + self.summaries[m] - self.summaries[k]
+            cost += self.opening + recap + (self.histories[k] if k else 0)
+        if first <= n:
+            after: Role | None = "system" if m else self.head_role
+            own = self.quick(self.search.story.messages[first - 1], after)
+            cost += own + self.prefix[n] - self.prefix[first]
+        return cost
+
+    def ordered(self, n: int, floor: Candidate | None) -> Iterator[Candidate]:
+        """Where to move at turn n: first the candidates that do not step back (no fewer
+        covered scenes, no lower level), then, as a last resort, all of them."""
+        every = self.candidates(n)
+        if floor is not None:
+            yield from (c for c in every if c[0] >= floor[0] and c[1] >= floor[1])
+        yield from every
+
+    def choose(self, n: int, floor: Candidate | None) -> Candidate | None:
+        limit = self.search.limit
+        keep = limit - self.slack_tokens
+        moves = list(dict.fromkeys(self.ordered(n, floor)))
+        monotone = [c for c in moves if floor is None or (c[0] >= floor[0] and c[1] >= floor[1])]
+        for bound, pool in ((keep, monotone), (limit, monotone), (keep, moves), (limit, moves)):
+            found = next((c for c in pool if self.estimate(c, n) <= bound), None)
+            if found is not None:
+                return found
+        return None
+
+    @property
+    def slack_tokens(self) -> int:
+        return int(self.search.limit * self.slack)
+
+    def walk(self) -> tuple[Candidate | None, int, int]:
+        """The shape held at the last turn, the turn it was chosen, and how many changes of
+        shape the story went through."""
+        limit, state, floor, since, changes = self.search.limit, None, None, 0, 0
+        for n in range(1, len(self.search.story) + 1):
+            if state is not None and self.holds(state, n) and self.estimate(state, n) <= limit:
+                continue
+            chosen = self.choose(n, floor)
+            if chosen != state:
+                changes += state is not None
+                since = n
+            state = chosen
+            floor = chosen or floor
+        return state, since, changes
+
+    # ── The last turn: the shape confirmed by the emitted count ──
+
+    def rung(self, target: int, base: int) -> _Rung:
+        search, story, shape = self.search, self.search.story, self.search.shape
+        chain = covered_chain(story, shape, target)
+        opening = head(story, shape)
+        ending = tail(story, shape, chain)
+        after = search.tail_after(opening, bool(chain.scenes))
+        tail_cost = sum(search.verbatim_costs(ending, after))
+        recap = search.recap_cost(chain.scenes, opening) if chain.scenes else 0
+        return _Rung(target, chain, opening, ending, base, tail_cost, recap)
+
+    def assemble(self) -> Assembly:
+        search, n = self.search, len(self.search.story)
+        held, since, changes = self.walk()
+        opening = head(search.story, search.shape)
+        base = self.fixed + self.prefix[len(opening)]
+        search.steps.append(HeadPriced(_ends(opening), base - self.fixed, self.fixed, search.limit))
+        tried = [held] if held is not None else []
+        for candidate in dict.fromkeys([*tried, *self.ordered(n, held)]):
+            m, k = candidate
+            target = self.target(m, n)
+            rung = self.rung(target, base)
+            if len(rung.chain.scenes) != m:  # not a candidate at this turn after all
+                continue
+            if candidate != held:
+                since, changes = n, changes + (held is not None)
+                held = candidate
+            history = self.search.pricer.recap_part(Part("history", scene=self.run[k - 1])) if k else 0
+            summaries = sum(self.search.pricer.recap_part(Part("summary", scene=s)) for s in rung.chain.scenes[k:])
+            found = search.confirm(rung, k if m else None, rung.fixed_cost + history + summaries)
+            if found is not None:
+                room = search.limit - found.tokens
+                recent = self.prefix[n] - self.prefix[max(len(opening), n - 10)]
+                per_turn = max(1, recent // max(1, min(10, n - len(opening)))) if n > len(opening) else 0
+                note = Held(
+                    since, target, k, _refs(rung.chain.scenes), changes, self.slack_tokens, room,
+                    room // per_turn if per_turn else 0,
+                )  # fmt: skip
+                steps = [*search.steps]
+                steps.insert(1, ChainFound(target, _refs(rung.chain.scenes), _covered(rung.chain), rung.chain.stop))
+                steps.insert(2, note)
+                return replace(found, steps=tuple(steps))
+        search.steps.clear()
+        return search.ladder()
+
+
+def _covered(chain: Chain) -> tuple[int, ...]:
+    return (chain.scenes[0].start, chain.scenes[-1].end) if chain.scenes else ()
+
+
 # ── Naming the case ──────────────────────────────────────────────────────────────────────
 
 
@@ -693,10 +947,14 @@ def classify(assembly: Assembly, shape: Shape) -> int:
     return 4 if assembly.level else 3
 
 
-def assemble(story: Story, shape: Shape, limit: int, pricer: Pricer, *, reserve: int = 0) -> Assembly:
-    """Build the plan of the prompt for `story` within `limit` tokens (cases 1–6).
+def assemble(
+    story: Story, shape: Shape, limit: int, pricer: Pricer, *, reserve: int = 0, policy: Policy = Policy()
+) -> Assembly:
+    """Build the plan of the prompt for `story` within `limit` tokens (cases 1–6), choosing
+    among the candidates that fit by `policy` (the exact search, or the stable one).
 
     Case 6 does not raise: the returned Assembly has `case == 6` and a `refusal`.
     """
-    found = _Search(story, shape, limit, reserve, pricer).ladder()
+    search = _Search(story, shape, limit, reserve, pricer)
+    found = _Stable(search, policy.slack).assemble() if policy.cache == "stable" else search.ladder()
     return replace(found, case=classify(found, shape))

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .assembler import Assembly, Shape, assemble
+from .assembler import Assembly, Policy, Shape, assemble
+from .blocks import Block
 from .cards import add_cards, read_card
 from .config import Settings, otaku_home
 from .emit import EMITS, PromptRenderer
@@ -55,11 +56,17 @@ class Built:
     budget: Budget
     tokenizer: str
     prompt: str | None
+    blocks: tuple[Block, ...] = ()  # the prompt's role blocks (empty on refusal)
 
 
 def shape_of(settings: Settings) -> Shape:
     c = settings.context
     return Shape(head=c.head_messages, min_tail=c.min_tail_messages, tail_step=c.tail_step, tail_floor=c.tail_floor)
+
+
+def policy_of(settings: Settings) -> Policy:
+    c = settings.context
+    return Policy("stable" if c.cache == "stable" else "exact", c.cache_slack)
 
 
 def reply_reserve(story: Story, settings: Settings, count: TokenCounter) -> tuple[int, str]:
@@ -132,9 +139,10 @@ def _usage_if_unknown(settings: Settings, key: str, name: str) -> Iterator[None]
         raise
 
 
-def build(story: Story, settings: Settings, *, emit: str = "text") -> Built:
-    """Assemble the story for the configured window and render the prompt (cases 1–6)."""
-    return _build(story, settings, emit)[0]
+def build(story: Story, settings: Settings, *, emit: str = "text", count: TokenCounter | None = None) -> Built:
+    """Assemble the story for the configured window and render the prompt (cases 1–6).
+    `count` lends a counter whose cache outlives one build (a replay's turns)."""
+    return _build(story, settings, emit, count)[0]
 
 
 def template_variables(story: Story, settings: Settings) -> tuple[Built, dict[str, Any] | None]:
@@ -158,11 +166,16 @@ def _unmarked(value: Any) -> Any:
     return value
 
 
-def _build(story: Story, settings: Settings, emit: str) -> tuple[Built, PromptRenderer]:
-    count = make_counter(settings.model.tokenizer)
+def _build(
+    story: Story, settings: Settings, emit: str, count: TokenCounter | None = None
+) -> tuple[Built, PromptRenderer]:
+    count = count or make_counter(settings.model.tokenizer)
     budget = budget_of(story, settings, count)
     renderer = renderer_for(story, settings, emit=emit, reserve=budget.reserve)
     pricer = TemplatePricer(renderer, count)
-    assembly = assemble(story, shape_of(settings), budget.limit, pricer, reserve=budget.reserve)
-    prompt = None if assembly.refusal else renderer.emitted(pricer.blocks(assembly))
-    return Built(assembly, budget, count.name, prompt), renderer
+    shape, policy = shape_of(settings), policy_of(settings)
+    assembly = assemble(story, shape, budget.limit, pricer, reserve=budget.reserve, policy=policy)
+    if assembly.refusal:
+        return Built(assembly, budget, count.name, None), renderer
+    blocks = pricer.blocks(assembly)
+    return Built(assembly, budget, count.name, renderer.emitted(blocks), tuple(blocks)), renderer

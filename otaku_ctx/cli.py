@@ -182,6 +182,7 @@ _shared("max_context", int | None, "context.max_context", metavar="TOKENS", help
 _shared("head", int | None, "context.head_messages", metavar="N", help="Opening messages kept verbatim.")
 _shared("tail", int | None, "context.min_tail_messages", metavar="N", help="Recent messages kept verbatim, at least.")
 _shared("reserve", str | None, "context.reply_reserve", metavar="TOKENS|auto", help="Tokens kept free for the reply.")
+_shared("cache", str | None, "context.cache", metavar="exact|stable", help="How the shape is chosen (docs/caching.md).")
 _shared("tokenizer", TokenizerName | None, "model.tokenizer", help="cl100k_base (exact) or estimate (len/4).")
 _shared("debug", Debug)
 _DEFAULTS: dict[str, Any] = {"emit": Emit.text, "debug": False}
@@ -284,7 +285,6 @@ app = typer.Typer(
 )
 config_app = typer.Typer(no_args_is_help=True, help="Write or show the settings.")
 app.add_typer(config_app, name="config")
-app.add_typer(__import__("otaku_ctx.cli_template", fromlist=["_"]).template_app, name="template")
 
 
 @app.command("build", short_help="Print the prompt for STORY.")
@@ -611,3 +611,11 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):
         pass
+
+
+# Commands kept in modules of their own. They use the options and helpers above, so they are
+# imported last: `ctx template …` and `ctx replay`.
+from . import cli_replay  # noqa: E402, F401 - its decorator adds `ctx replay` to `app`
+from .cli_template import template_app  # noqa: E402
+
+app.add_typer(template_app, name="template")

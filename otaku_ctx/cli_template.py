@@ -10,11 +10,10 @@ from typing import Annotated, Any
 
 import typer
 
-# cli.py registers `template_app` after defining these, so this import sees them (the output helpers,
-# defined later in cli.py, are imported inside the commands).
+# cli.py imports this module last, so everything it needs from cli.py is defined by then.
 from .cli import ConfigPath, Debug, Request, StoryArg, prompt_options
 
-template_app = typer.Typer(no_args_is_help=True, help="Show a template's variables, or render a template.")
+template_app: typer.Typer = typer.Typer(no_args_is_help=True, help="Show a template's variables, or render a template.")
 
 
 @template_app.command("vars")

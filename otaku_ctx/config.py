@@ -32,7 +32,8 @@ DEFAULT_CARD_TEMPLATE = (
 # No window, tail or head is anywhere near this; a bigger number is a typo, and bounding it
 # keeps every loop over rungs and messages bounded.
 MOST = 1_000_000_000
-Kind = Literal["count", "factor", "reserve", "tokenizer", "text"]
+Kind = Literal["count", "factor", "share", "reserve", "tokenizer", "cache", "text"]
+CACHE_POLICIES = ("exact", "stable")
 
 
 def setting(default: Any, help: str, kind: Kind, *, least: int = 0) -> Any:
@@ -53,6 +54,12 @@ class ContextSettings:
     reserve_replies: int = setting(5, "auto reserve: look at this many of the last assistant replies", "count")
     reserve_factor: float = setting(1.2, "auto reserve: the longest of them times this", "factor")
     reserve_default: int = setting(1024, "auto reserve before any assistant reply exists", "count")
+    cache: str = setting(
+        "exact",
+        'how a shape is chosen: "exact" (the first that fits) or "stable" (keeps the prompt\'s prefix)',
+        "cache",
+    )
+    cache_slack: float = setting(0.15, "stable: share of the limit left free when the shape changes (0 to 1)", "share")
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,14 @@ def _check(dotted: str, key: Field[Any], value: Any, bad: type[ConfigError], sou
         if not 0 <= value <= 100:
             raise wrong("a number from 0 to 100")
         return float(value)
+    if kind == "share":
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+            raise wrong("a share of the limit from 0 to below 1")
+        return float(value)
+    if kind == "cache":
+        if value not in CACHE_POLICIES:
+            raise wrong(" or ".join(f'"{c}"' for c in CACHE_POLICIES))
+        return value
     if kind == "tokenizer":
         if value not in TOKENIZERS:
             raise wrong(" or ".join(f'"{t}"' for t in TOKENIZERS))

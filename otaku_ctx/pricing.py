@@ -185,6 +185,9 @@ class TemplatePricer:
     def exact(self, assembly: Assembly) -> int:
         return self.tokens(self.blocks(assembly))
 
+    def text(self, text: str) -> int:
+        return self.count.bound(text)
+
     def blocks(self, assembly: Assembly) -> list[Block]:
         """The assembly's blocks; the last one rendered for `exact` is kept, since the
         candidate that was counted is the one that is emitted."""

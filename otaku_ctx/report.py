@@ -17,6 +17,7 @@ from .assembler import (
     ChainStop,
     FitsRendered,
     HeadPriced,
+    Held,
     LevelsOverflow,
     NoHistory,
     Refusal,
@@ -126,6 +127,15 @@ def describe(step: Step) -> str:
             return (
                 f"tail target {step.target}, level {step.level}: its parts add up to {step.priced:,}, "
                 f"but the rendered prompt is {step.tokens:,} ≤ {step.limit:,} tokens"
+            )
+        case Held():
+            covered = f"summaries of scenes {span(step.scenes)}" if step.scenes else "nothing covered"
+            held = f", level {step.level}" if step.level else ""
+            return (
+                f"cache policy stable: tail target {step.target}{held} ({covered}), held since message "
+                f"{step.since} after {step.changes} change{'s' * (step.changes != 1)} of shape; "
+                f"{step.room:,} tokens of room (slack at a change: {step.slack:,}), about {step.turns} more "
+                "messages before it must change"
             )
         case Refused():
             return "case 6: " + explain_refusal(step.refusal)

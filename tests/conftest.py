@@ -40,3 +40,12 @@ def otaku_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="Rewrite tests/golden/ from the current output.")
+
+
+@pytest.fixture(scope="session")
+def long_story():
+    """318 messages, 15 scenes with summaries and histories: under a 40k window it spends its
+    last turns in case 5 (tests/fixtures/README.md)."""
+    from otaku_ctx.readers import read_story
+
+    return read_story(FIXTURES / "replay-long.jsonl")

@@ -1,0 +1,45 @@
+"""The figures of docs/caching.md: `ctx replay` on the bundled examples, the otaku samples and
+the long fixture, under both cache policies.
+
+    python benchmarks/replay.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from otaku_ctx.build import open_story
+from otaku_ctx.config import load_settings
+from otaku_ctx.replay import replay
+
+ROOT = Path(__file__).resolve().parents[1]
+STORIES = [
+    (ROOT / "examples" / "lighthouse-case3.jsonl", 8192),
+    (ROOT / "examples" / "lighthouse-case4.jsonl", 8192),
+    (ROOT / "tests" / "fixtures" / "otaku" / "river.md", 8192),
+    (ROOT / "tests" / "fixtures" / "otaku" / "tour.md", 16384),
+    (ROOT / "tests" / "fixtures" / "replay-long.jsonl", 40000),
+]
+
+
+def main() -> int:
+    print("| story | window | policy | prefix turns | tokens reused | reprocessed mean / p95 | unused | transitions |")
+    print("|---|---|---|---|---|---|---|---|")
+    for path, window in STORIES:
+        story = open_story(path)
+        for cache in ("exact", "stable"):
+            settings = load_settings(overrides={"model.window": (window, "bench"), "context.cache": (cache, "bench")})
+            f = replay(story, settings).facts()
+            r = f["reprocessed"]
+            print(
+                f"| {path.name} ({len(story)} msgs) | {window:,} | {cache} | {f['prefix_share']:.1%} | "
+                f"{f['reused_share']:.1%} | {r['mean']:,.0f} / {r['p95']:,} | {f['unused_share']:.1%} | "
+                f"{len(f['transitions'])} |",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
