@@ -18,10 +18,12 @@ from .emit import EMITS, PromptRenderer
 from .errors import ConfigError, UsageError
 from .hbs import bound_for_window
 from .lookup import find_format, load_template
-from .model import Story
+from .lore import ChatLine, LoreChoice, choose, rules_of
+from .model import LoreEntry, Story
 from .names import ResolvedNames, resolve_names
 from .pricing import TemplatePricer
 from .readers import read_story
+from .readers.worldinfo import read_world_info
 from .tokens import TokenCounter, make_counter
 from .variables import Variables
 
@@ -52,6 +54,7 @@ class Built:
     budget: Budget
     tokenizer: str
     prompt: str | None
+    lore: LoreChoice = LoreChoice.empty()
 
 
 def shape_of(settings: Settings) -> Shape:
@@ -93,13 +96,16 @@ def open_story(
     return story
 
 
-def renderer_for(story: Story, settings: Settings, *, emit: str = "text", reserve: int = 0) -> PromptRenderer:
-    """The configured template, format and emit form, ready to render this story."""
+def renderer_for(
+    story: Story, settings: Settings, *, emit: str = "text", reserve: int = 0, lore: LoreChoice | None = None
+) -> PromptRenderer:
+    """The configured template, format and emit form, ready to render this story (with the
+    chosen lore in its variables)."""
     if emit not in EMITS:
         raise UsageError("--emit", None, f"unknown emit form {emit!r}; expected one of {', '.join(EMITS)}")
     p = settings.prompt
     home = otaku_home()
-    variables = Variables(story, names_for(story, settings).names, p)
+    variables = Variables(story, names_for(story, settings).names, p, lore or LoreChoice.empty())
     with _usage_if_unknown(settings, "prompt.template", p.template):
         template = load_template(p.template, home)
     with _usage_if_unknown(settings, "prompt.format", p.format):
@@ -126,12 +132,70 @@ def _usage_if_unknown(settings: Settings, key: str, name: str) -> Iterator[None]
         raise
 
 
+def lore_entries(story: Story, settings: Settings) -> tuple[LoreEntry, ...]:
+    """Every World Info entry in play: the story's own lore lines, the `[lore] files` (or
+    `--lore`), and the lorebooks of the story's cards (bound to their characters)."""
+    books = tuple(e for f in settings.lore.files for e in read_world_info(Path(f)))
+    cards = [m.card for m in story.cards if m.card] + list(story.info.cast)
+    return story.world + books + tuple(e for card in cards for e in card.book)
+
+
+def chat_lines(story: Story, settings: Settings) -> tuple[list[ChatLine], list[ChatLine]]:
+    """(every visible chat message, the ones a scan may read). A scan reads only messages
+    every prompt sends — the head, and the last `tail_floor` + 1 messages, which stay in the
+    tail at every rung — so what lore fires never depends on what the lore leaves room for."""
+    names = names_for(story, settings).names
+    c, n = settings.context, len(story)
+    surely = n - min(c.tail_floor, c.min_tail_messages)
+    chat = [ChatLine(m.number, names.speaker(m), names.fill(m.content)) for m in story.messages if not m.is_card]
+    return chat, [line for line in chat if line.number >= surely or line.number <= c.head_messages]
+
+
+def choose_lore(story: Story, settings: Settings, count: TokenCounter, limit: int) -> LoreChoice:
+    """The lore for this story's next turn, within `[lore] budget` of the limit (docs/lore.md)."""
+    rules = rules_of(settings.lore)
+    entries = lore_entries(story, settings)
+    if not entries:
+        return LoreChoice(rules.engine, rules.budget_for(limit), 0, ())
+    chat, scannable = chat_lines(story, settings)
+    names = names_for(story, settings).names
+    seed = f"{story.info.title}\x1f{chat[0].text if chat else ''}"
+    return choose(entries, chat, rules, fill=names.fill, count=count, limit=limit, seed=seed, scannable=scannable)
+
+
 def build(story: Story, settings: Settings, *, emit: str = "text") -> Built:
-    """Assemble the story for the configured window and render the prompt (cases 1–6)."""
+    """Choose the lore, then assemble the story around it for the configured window and
+    render the prompt (cases 1–6). The lore is part of the fixed frame; when the frame with
+    it leaves no room, entries are dropped by priority (`order`) before the build refuses."""
     count = make_counter(settings.model.tokenizer)
     budget = budget_of(story, settings, count)
-    renderer = renderer_for(story, settings, emit=emit, reserve=budget.reserve)
-    pricer = TemplatePricer(renderer, count)
-    assembly = assemble(story, shape_of(settings), budget.limit, pricer, reserve=budget.reserve)
+    lore = choose_lore(story, settings, count, budget.limit)
+
+    def attempt(choice: LoreChoice) -> tuple[PromptRenderer, TemplatePricer, Assembly]:
+        renderer = renderer_for(story, settings, emit=emit, reserve=budget.reserve, lore=choice)
+        pricer = TemplatePricer(renderer, count)
+        return renderer, pricer, assemble(story, shape_of(settings), budget.limit, pricer, reserve=budget.reserve)
+
+    renderer, pricer, assembly = attempt(lore)
+    placed = len(lore.placed)
+    if assembly.refusal and placed:
+        # Keep the most entries, by priority, that leave the story room: a binary search.
+        tried: dict[int, tuple[PromptRenderer, TemplatePricer, Assembly]] = {}
+
+        def fits(keep: int) -> bool:
+            tried[keep] = attempt(lore.without(keep))
+            return tried[keep][2].refusal is None
+
+        low = 0
+        if fits(0):
+            high = placed - 1
+            while low < high:
+                middle = (low + high + 1) // 2
+                if fits(middle):
+                    low = middle
+                else:
+                    high = middle - 1
+        renderer, pricer, assembly = tried[low]
+        lore = lore.without(low)
     prompt = None if assembly.refusal else renderer.emitted(pricer.blocks(assembly))
-    return Built(assembly, budget, count.name, prompt)
+    return Built(assembly, budget, count.name, prompt, lore)

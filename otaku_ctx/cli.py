@@ -187,6 +187,7 @@ _shared("head", int | None, "context.head_messages", metavar="N", help="Opening 
 _shared("tail", int | None, "context.min_tail_messages", metavar="N", help="Recent messages kept verbatim, at least.")
 _shared("reserve", str | None, "context.reply_reserve", metavar="TOKENS|auto", help="Tokens kept free for the reply.")
 _shared("tokenizer", TokenizerName | None, "model.tokenizer", help="cl100k_base (exact) or estimate (len/4).")
+_shared("lore", list[Path] | None, "lore.files", metavar="FILE", help="Read a World Info lorebook; repeatable.")
 _shared("debug", Debug)
 _DEFAULTS: dict[str, Any] = {"emit": Emit.text, "debug": False}
 
