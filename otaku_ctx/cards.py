@@ -73,6 +73,7 @@ def card_from_json(path: Path | str, obj: Any) -> Card:
         raise StoryError(
             path, None, "is a World Info lorebook, not a character card; --lore takes it (--card takes a Tavern card)"
         )
+    fields: Any
     if spec is None:
         fields = dict(obj)
         if not fields.get("creator_notes"):
@@ -114,7 +115,7 @@ def add_cards(story: Story, cards: Sequence[Card]) -> Story:
     return replace(story, messages=joined + messages, scenes=scenes)
 
 
-def _tags(path: Path, tags: Any) -> tuple[str, ...]:
+def _tags(path: Path | str, tags: Any) -> tuple[str, ...]:
     if tags is None:
         return ()
     if isinstance(tags, str):  # some editors write "a, b, c"

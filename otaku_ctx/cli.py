@@ -209,7 +209,8 @@ class Request:
 
     def inputs(self) -> list[Path]:
         """Every file this command reads: what an output must never replace."""
-        return [self.story, *self.cards, *([self.config] if self.config else [])]
+        lore = [Path(p) for p in self.overrides.get("lore.files", ((), ""))[0]]
+        return [self.story, *self.cards, *lore, *([self.config] if self.config else [])]
 
     def run(self) -> tuple[Built, Story]:
         """Read the story and build it: (the `Built` result, the `Story`). What the reader
@@ -225,7 +226,10 @@ class Request:
             story = open_story(path, self.source_format, self.cards, self.conversation)
         for note in story.notes:
             terminal().say(f"ctx: {note}")
-        return build(story, settings, emit=self.emit), story
+        built = build(story, settings, emit=self.emit)
+        for note in built.lore.notes:
+            terminal().say(f"ctx: lore: {note}")
+        return built, story
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -172,7 +172,12 @@ class LoreChoice:
         dropped = {id(d) for d in ranked[keep:]}
         decisions = tuple(replace(d, reason="frame") if id(d) in dropped else d for d in self.decisions)
         kept = tuple(d for d in decisions if d.placed) + tuple(d for d in decisions if not d.placed)
-        return replace(self, decisions=kept, used=sum(d.tokens for d in kept if d.placed))
+        note = (
+            f"dropped {len(dropped)} of {len(ranked)} lore entries (lowest order first): "
+            "the prompt had no room for them with the story"
+        )
+        notes = self.notes + ((note,) if dropped else ())
+        return replace(self, decisions=kept, used=sum(d.tokens for d in kept if d.placed), notes=notes)
 
     @staticmethod
     def empty(engine: str = "keyword") -> LoreChoice:
@@ -396,8 +401,10 @@ class _Scan:
         if id(e) in failed or (id(e) in self.decisions and self.decisions[id(e)].fired):
             return None
 
-        def no(reason: Reason, detail: str = "") -> None:
+        def no(reason: Reason, detail: str = "") -> LoreDecision | None:
+            """Record why `e` does not fire; the pass gets None."""
             self.decisions[id(e)] = LoreDecision(e, False, reason, detail=detail)
+            return None
 
         sticky = self.is_sticky(e)
         if e.disable:

@@ -195,7 +195,8 @@ class Variables:
         tail_e = [self.entry(p) for p in tail]
         chat = head_e + recap_e + tail_e
         # Position 4: `depth` messages from the end, never above the tail's first message.
-        top = len(head_e) + len(recap_e)
+        # (With no recap, head and tail are one run of the chat, and the whole of it counts.)
+        top = len(head_e) + len(recap_e) if recap_e else 0
         for depth, role, text in self.lore_depth:
             at = max(top, len(chat) - depth)
             chat.insert(at, {"role": role, "name": "", "message": text, "kind": "lore", "number": None,

@@ -299,7 +299,7 @@ def _profile(path: Path, part: _Part) -> _Profile:
         ) from None
     except RecursionError:
         raise StoryError(path, part.line, f"the card profile of {name!r} is nested too deeply") from None
-    values: dict[str, str] = {}
+    values: dict[str, Any] = {}
     for key, field in PROFILE_FIELDS.items():
         value = data.get(key)
         if isinstance(value, list):
