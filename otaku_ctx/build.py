@@ -18,14 +18,17 @@ from .emit import EMITS, PromptRenderer
 from .errors import ConfigError, UsageError
 from .hbs import bound_for_window
 from .lookup import find_format, load_template
-from .lore import ChatLine, LoreChoice, choose, rules_of
-from .model import LoreEntry, Story
+from .lore import IDF_MESSAGES, MOST_REPLAY, MOST_SCAN_DEPTH, ChatLine, LoreChoice, choose, rules_of
+from .model import LoreEntry, Message, Story
 from .names import ResolvedNames, resolve_names
 from .pricing import TemplatePricer
 from .readers import read_story
 from .readers.worldinfo import read_world_info
 from .tokens import TokenCounter, make_counter
 from .variables import Variables
+
+# The most chat messages lore ever reads: TF-IDF's window, the turns replayed, the deepest scan.
+LORE_READS = IDF_MESSAGES + MOST_REPLAY + MOST_SCAN_DEPTH
 
 
 @dataclass(frozen=True)
@@ -140,15 +143,34 @@ def lore_entries(story: Story, settings: Settings) -> tuple[LoreEntry, ...]:
     return story.world + books + tuple(e for card in cards for e in card.book)
 
 
-def chat_lines(story: Story, settings: Settings) -> tuple[list[ChatLine], list[ChatLine]]:
-    """(every visible chat message, the ones a scan may read). A scan reads only messages
-    every prompt sends — the head, and the last `tail_floor` + 1 messages, which stay in the
-    tail at every rung — so what lore fires never depends on what the lore leaves room for."""
+def chat_lines(story: Story, settings: Settings) -> tuple[list[ChatLine], list[ChatLine], int]:
+    """(the latest visible chat messages, the ones this turn's scan may read, how many
+    visible chat messages the story has — the turn).
+
+    A scan reads only messages every prompt sends — the head, and the last `tail_floor` + 1
+    messages, which stay in the tail at every rung — so what lore fires never depends on
+    what the lore leaves room for. Only the latest `LORE_READS` messages are ever read
+    (scan windows, replayed turns, TF-IDF), so only those are prepared: lore costs what the
+    window costs, not what the story does."""
     names = names_for(story, settings).names
     c, n = settings.context, len(story)
     surely = n - min(c.tail_floor, c.min_tail_messages)
-    chat = [ChatLine(m.number, names.speaker(m), names.fill(m.content)) for m in story.messages if not m.is_card]
-    return chat, [line for line in chat if line.number >= surely or line.number <= c.head_messages]
+
+    def line(m: Message) -> ChatLine:
+        return ChatLine(m.number, names.speaker(m), names.fill(m.content))
+
+    latest: list[ChatLine] = []
+    for m in reversed(story.messages):
+        if len(latest) == LORE_READS:
+            break
+        if not m.is_card:
+            latest.append(line(m))
+    latest.reverse()
+    first = latest[0].number if latest else n + 1
+    head = [line(m) for m in story.messages[: min(c.head_messages, first - 1)] if not m.is_card]
+    turns = sum(1 for m in story.messages if not m.is_card)
+    scannable = head + [x for x in latest if x.number >= surely or x.number <= c.head_messages]
+    return latest, scannable, turns
 
 
 def choose_lore(story: Story, settings: Settings, count: TokenCounter, limit: int) -> LoreChoice:
@@ -157,10 +179,13 @@ def choose_lore(story: Story, settings: Settings, count: TokenCounter, limit: in
     entries = lore_entries(story, settings)
     if not entries:
         return LoreChoice(rules.engine, rules.budget_for(limit), 0, ())
-    chat, scannable = chat_lines(story, settings)
+    chat, scannable, turns = chat_lines(story, settings)
     names = names_for(story, settings).names
-    seed = f"{story.info.title}\x1f{chat[0].text if chat else ''}"
-    return choose(entries, chat, rules, fill=names.fill, count=count, limit=limit, seed=seed, scannable=scannable)
+    first = next((m.content for m in story.messages if not m.is_card), "")
+    seed = f"{story.info.title}\x1f{first}"
+    return choose(
+        entries, chat, rules, fill=names.fill, count=count, limit=limit, seed=seed, scannable=scannable, turns=turns
+    )
 
 
 def build(story: Story, settings: Settings, *, emit: str = "text") -> Built:

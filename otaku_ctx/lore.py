@@ -35,6 +35,7 @@ import re
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Literal
 
 import regex
@@ -350,7 +351,8 @@ class _Scan:
                 break
             count += 1
             found = [d for e in self.entries if (d := self.check(e, state, level, skew, failed)) is not None]
-            found.sort(key=lambda d: (0 if self.is_sticky(d.entry) else 1, self.entries.index(d.entry)))
+            rank = self.rank
+            found.sort(key=lambda d: (0 if self.is_sticky(d.entry) else 1, rank[id(d.entry)]))
             found = self.groups(found, buffer, state, skew)
             successful: list[LoreDecision] = []
             for d in found:
@@ -387,6 +389,11 @@ class _Scan:
             if state:
                 for d in for_recursion:
                     buffer.add_recursion(d.entry.uid, self.fill(d.entry.content))
+
+    @cached_property
+    def rank(self) -> dict[int, int]:
+        """Each entry's place in the sorted entries (compared by identity: entries are data)."""
+        return {id(e): i for i, e in enumerate(self.entries)}
 
     def admit(self, d: LoreDecision) -> None:
         self.decisions[id(d.entry)] = d
@@ -479,21 +486,20 @@ class _Scan:
                 grouped.setdefault(name, []).append(d)
         if not grouped:
             return found
-        out = list(found)
+        alive = {id(d) for d in found}  # by identity: decisions are data, compared field by field
 
         def lose(d: LoreDecision, winner: LoreDecision | None) -> None:
-            if d in out:
-                out.remove(d)
-                self.decisions[id(d.entry)] = replace(
-                    d, fired=False, reason="group", by=winner.entry.uid if winner else None, detail=d.entry.group
-                )
+            if id(d) in alive:
+                alive.discard(id(d))
+                by = winner.entry.uid if winner else None
+                self.decisions[id(d.entry)] = replace(d, fired=False, reason="group", by=by, detail=d.entry.group)
 
         for name, group in grouped.items():
-            live = [d for d in group if d in out]
+            live = [d for d in group if id(d) in alive]
             sticky = [d for d in live if self.is_sticky(d.entry)]
             if sticky:
                 for d in live:
-                    if d not in sticky:
+                    if not self.is_sticky(d.entry):
                         lose(d, sticky[0])
                 continue
             if any(name in re.split(r",\s*", a.group) for a in self.admitted):
@@ -503,13 +509,12 @@ class _Scan:
             if self.rules.group_scoring or any(d.entry.use_group_scoring for d in live):
                 scores = [self.score(d.entry, state, skew) for d in live]
                 best = max(scores)
+                leader = live[scores.index(best)]
                 for d, s in zip(live, scores, strict=True):
-                    scored = (
-                        d.entry.use_group_scoring if d.entry.use_group_scoring is not None else self.rules.group_scoring
-                    )
-                    if scored and s < best:
-                        lose(d, live[scores.index(best)])
-                live = [d for d in live if d in out]
+                    scored = d.entry.use_group_scoring
+                    if (scored if scored is not None else self.rules.group_scoring) and s < best:
+                        lose(d, leader)
+                live = [d for d in live if id(d) in alive]
             if len(live) <= 1:
                 continue
             prio = sorted((d for d in live if d.entry.group_override), key=lambda d: -d.entry.order)
@@ -526,7 +531,7 @@ class _Scan:
             for d in live:
                 if d is not winner:
                     lose(d, winner)
-        return out
+        return [d for d in found if id(d) in alive]
 
     def score(self, e: LoreEntry, state: str, skew: int) -> int:
         """SillyTavern's group score: keys found (secondary ones by the positive logics)."""
@@ -558,6 +563,7 @@ def _keyword_rank(
     texts = [m.text.lower() for m in recent]
     speakers = {m.speaker.lower() for m in recent if m.speaker}
     corpus = [m.text.lower() for m in list(reversed(chat))[:IDF_MESSAGES]]
+    frequency: dict[str, int] = {}  # document frequency, once per key
     scored: list[LoreDecision] = []
     for d in decisions:
         e = d.entry
@@ -570,7 +576,9 @@ def _keyword_rank(
         for k in keys:
             tf = sum(t.count(k) for t in texts)
             if tf:
-                df = sum(1 for t in corpus if k in t)
+                if k not in frequency:
+                    frequency[k] = sum(1 for t in corpus if k in t)
+                df = frequency[k]
                 tfidf += math.log1p(tf) * (math.log((1 + len(corpus)) / (1 + df)) + 1)
         ages = [i for i, t in enumerate(texts) if any(k in t for k in keys)]
         recency = 1 / (1 + ages[0]) if ages else 0.0
@@ -594,10 +602,12 @@ def choose(
     limit: int,
     seed: str,
     scannable: Sequence[ChatLine] | None = None,
+    turns: int | None = None,
 ) -> LoreChoice:
     """Activate and select the lore for the last turn of `chat` (docs/lore.md). This turn's
     scan reads `scannable` (the messages surely sent; default: the whole chat); turns
-    replayed for timed effects read the chat as it stood then."""
+    replayed for timed effects read the chat as it stood then. `turns` is how many chat
+    messages the story has, when `chat` holds only the latest of them."""
     budget = rules.budget_for(limit)
     if not entries:
         return LoreChoice(rules.engine, budget, 0, ())
@@ -610,12 +620,13 @@ def choose(
         return costs[id(entry)]
 
     timed = _Timed()
-    turn = len(chat)
+    turn = len(chat) if turns is None else turns
     reach = max((e.sticky + e.cooldown for e in ordered), default=0)
     if reach:
         for past in range(max(1, turn - min(reach, MOST_REPLAY)), turn):
             timed.advance(past, ordered)
-            scan = _Scan(ordered, chat[:past], rules, fill, cost, seed, past, timed, budget)
+            seen = chat[: max(0, len(chat) - (turn - past))]
+            scan = _Scan(ordered, seen, rules, fill, cost, seed, past, timed, budget)
             scan.run()
             for e in scan.admitted:
                 timed.record(past, e)
