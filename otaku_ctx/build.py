@@ -21,13 +21,18 @@ from .emit import _sections as sections_of
 from .errors import ConfigError, UsageError
 from .hbs import bound_for_window
 from .lookup import find_format, load_template
-from .model import Story
+from .lore import IDF_MESSAGES, MOST_REPLAY, MOST_SCAN_DEPTH, ChatLine, LoreChoice, choose, rules_of
+from .model import LoreEntry, Message, Story
 from .names import ResolvedNames, resolve_names
 from .presets import for_format as bind_preset
 from .pricing import TemplatePricer
 from .readers import read_story
+from .readers.worldinfo import read_world_info
 from .tokens import TokenCounter, make_counter
 from .variables import OPEN_MARK, Variables
+
+# The most chat messages lore ever reads: TF-IDF's window, the turns replayed, the deepest scan.
+LORE_READS = IDF_MESSAGES + MOST_REPLAY + MOST_SCAN_DEPTH
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class Built:
     tokenizer: str
     prompt: str | None
     blocks: tuple[Block, ...] = ()  # the prompt's role blocks (empty on refusal)
+    lore: LoreChoice = LoreChoice.empty()
 
 
 def shape_of(settings: Settings) -> Shape:
@@ -103,13 +109,16 @@ def open_story(
     return story
 
 
-def renderer_for(story: Story, settings: Settings, *, emit: str = "text", reserve: int = 0) -> PromptRenderer:
-    """The configured template, format and emit form, ready to render this story."""
+def renderer_for(
+    story: Story, settings: Settings, *, emit: str = "text", reserve: int = 0, lore: LoreChoice | None = None
+) -> PromptRenderer:
+    """The configured template, format and emit form, ready to render this story (with the
+    chosen lore in its variables)."""
     if emit not in EMITS:
         raise ValueError(f"unknown emit form {emit!r}; expected one of {', '.join(EMITS)}")  # the CLI offers only these
     p = settings.prompt
     home = otaku_home()
-    variables = Variables(story, names_for(story, settings).names, p)
+    variables = Variables(story, names_for(story, settings).names, p, lore or LoreChoice.empty())
     with _usage_if_unknown(settings, "prompt.template", p.template):
         template = load_template(p.template, home)
     with _usage_if_unknown(settings, "prompt.format", p.format):
@@ -137,6 +146,59 @@ def _usage_if_unknown(settings: Settings, key: str, name: str) -> Iterator[None]
         if key in settings.given and not Path(name).expanduser().exists():
             raise UsageError(exc.source, exc.key, exc.message) from None
         raise
+
+
+def lore_entries(story: Story, settings: Settings) -> tuple[LoreEntry, ...]:
+    """Every World Info entry in play: the story's own lore lines, the `[lore] files` (or
+    `--lore`), and the lorebooks of the story's cards (bound to their characters)."""
+    books = tuple(e for f in settings.lore.files for e in read_world_info(Path(f)))
+    cards = [m.card for m in story.cards if m.card] + list(story.info.cast)
+    return story.world + books + tuple(e for card in cards for e in card.book)
+
+
+def chat_lines(story: Story, settings: Settings) -> tuple[list[ChatLine], list[ChatLine], int]:
+    """(the latest visible chat messages, the ones this turn's scan may read, how many
+    visible chat messages the story has — the turn).
+
+    A scan reads only messages every prompt sends — the head, and the last `tail_floor` + 1
+    messages, which stay in the tail at every rung — so what lore fires never depends on
+    what the lore leaves room for. Only the latest `LORE_READS` messages are ever read
+    (scan windows, replayed turns, TF-IDF), so only those are prepared: lore costs what the
+    window costs, not what the story does."""
+    names = names_for(story, settings).names
+    c, n = settings.context, len(story)
+    surely = n - min(c.tail_floor, c.min_tail_messages)
+
+    def line(m: Message) -> ChatLine:
+        return ChatLine(m.number, names.speaker(m), names.fill(m.content))
+
+    latest: list[ChatLine] = []
+    for m in reversed(story.messages):
+        if len(latest) == LORE_READS:
+            break
+        if not m.is_card:
+            latest.append(line(m))
+    latest.reverse()
+    first = latest[0].number if latest else n + 1
+    head = [line(m) for m in story.messages[: min(c.head_messages, first - 1)] if not m.is_card]
+    turns = sum(1 for m in story.messages if not m.is_card)
+    scannable = head + [x for x in latest if x.number >= surely or x.number <= c.head_messages]
+    return latest, scannable, turns
+
+
+def choose_lore(story: Story, settings: Settings, count: TokenCounter, limit: int) -> LoreChoice:
+    """The lore for this story's next turn, within `[lore] budget` of the limit (docs/lore.md)."""
+    rules = rules_of(settings.lore)
+    entries = lore_entries(story, settings)
+    if not entries:
+        return LoreChoice(rules.engine, rules.budget_for(limit), 0, ())
+    chat, scannable, turns = chat_lines(story, settings)
+    names = names_for(story, settings).names
+    first = next((m.content for m in story.messages if not m.is_card), "")
+    seed = f"{story.info.title}\x1f{first}"
+    return choose(
+        entries, chat, rules, fill=names.fill, count=count, limit=limit, seed=seed, scannable=scannable, turns=turns
+    )
 
 
 def build(story: Story, settings: Settings, *, emit: str = "text", count: TokenCounter | None = None) -> Built:
@@ -169,13 +231,41 @@ def _unmarked(value: Any) -> Any:
 def _build(
     story: Story, settings: Settings, emit: str, count: TokenCounter | None = None
 ) -> tuple[Built, PromptRenderer]:
+    """Choose the lore, then assemble the story around it for the configured window and
+    render the prompt (cases 1–6). The lore is part of the fixed frame; when the frame with
+    it leaves no room, entries are dropped by priority (`order`) before the build refuses."""
     count = count or make_counter(settings.model.tokenizer)
     budget = budget_of(story, settings, count)
-    renderer = renderer_for(story, settings, emit=emit, reserve=budget.reserve)
-    pricer = TemplatePricer(renderer, count)
+    lore = choose_lore(story, settings, count, budget.limit)
     shape, policy = shape_of(settings), policy_of(settings)
-    assembly = assemble(story, shape, budget.limit, pricer, reserve=budget.reserve, policy=policy)
+
+    def attempt(choice: LoreChoice) -> tuple[PromptRenderer, TemplatePricer, Assembly]:
+        renderer = renderer_for(story, settings, emit=emit, reserve=budget.reserve, lore=choice)
+        pricer = TemplatePricer(renderer, count)
+        return renderer, pricer, assemble(story, shape, budget.limit, pricer, reserve=budget.reserve, policy=policy)
+
+    renderer, pricer, assembly = attempt(lore)
+    placed = len(lore.placed)
+    if assembly.refusal and placed:
+        # Keep the most entries, by priority, that leave the story room: a binary search.
+        tried: dict[int, tuple[PromptRenderer, TemplatePricer, Assembly]] = {}
+
+        def fits(keep: int) -> bool:
+            tried[keep] = attempt(lore.without(keep))
+            return tried[keep][2].refusal is None
+
+        low = 0
+        if fits(0):
+            high = placed - 1
+            while low < high:
+                middle = (low + high + 1) // 2
+                if fits(middle):
+                    low = middle
+                else:
+                    high = middle - 1
+        renderer, pricer, assembly = tried[low]
+        lore = lore.without(low)
     if assembly.refusal:
-        return Built(assembly, budget, count.name, None), renderer
+        return Built(assembly, budget, count.name, None, lore=lore), renderer
     blocks = pricer.blocks(assembly)
-    return Built(assembly, budget, count.name, renderer.emitted(blocks), tuple(blocks)), renderer
+    return Built(assembly, budget, count.name, renderer.emitted(blocks), tuple(blocks), lore), renderer

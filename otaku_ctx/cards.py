@@ -8,8 +8,9 @@
   `iTXt` chunks are read; the PNG is walked chunk by chunk with its lengths and CRCs checked,
   so a truncated or damaged file is an error, never a partial card.
 - Windows line ends (CRLF) in card texts become plain newlines.
-- Only the fields `Card` holds are kept: lorebooks (`character_book`), alternate greetings,
-  assets and extensions are not read.
+- Only the fields `Card` holds are kept, and the lorebook (`character_book`), converted the
+  way SillyTavern converts it (readers/worldinfo.py); alternate greetings, assets and
+  extensions are not read.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .errors import StoryError
 from .files import reading
 from .model import Card, Message, Story
 from .readers.jsonload import JSONProblem, loads
+from .readers.worldinfo import card_book_entries
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CARD_KEYWORDS = ("ccv3", "chara")  # in order of preference
@@ -69,7 +71,7 @@ def card_from_json(path: Path | str, obj: Any) -> Card:
     spec = obj.get("spec")
     if isinstance(obj.get("entries"), (dict, list)) and "name" not in obj and spec is None:
         raise StoryError(
-            path, None, "is a World Info lorebook, not a character card; --card takes a Tavern card (JSON or PNG)"
+            path, None, "is a World Info lorebook, not a character card; --lore takes it (--card takes a Tavern card)"
         )
     fields: Any
     if spec is None:
@@ -94,7 +96,8 @@ def card_from_json(path: Path | str, obj: Any) -> Card:
         values[field] = value.replace("\r\n", "\n")
     if not values.get("name", "").strip():
         raise StoryError(path, None, 'the card has no "name"')
-    return Card(tags=_tags(path, fields.get("tags")), **values)
+    book = card_book_entries(path, fields.get("character_book"), values["name"])
+    return Card(tags=_tags(path, fields.get("tags")), book=book, **values)
 
 
 def add_cards(story: Story, cards: Sequence[Card]) -> Story:

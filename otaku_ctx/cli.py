@@ -184,6 +184,7 @@ _shared("tail", int | None, "context.min_tail_messages", metavar="N", help="Rece
 _shared("reserve", str | None, "context.reply_reserve", metavar="TOKENS|auto", help="Tokens kept free for the reply.")
 _shared("cache", str | None, "context.cache", metavar="exact|stable", help="How the shape is chosen (docs/caching.md).")
 _shared("tokenizer", TokenizerName | None, "model.tokenizer", help="cl100k_base (exact) or estimate (len/4).")
+_shared("lore", list[Path] | None, "lore.files", metavar="FILE", help="Read a World Info lorebook; repeatable.")
 _shared("debug", Debug)
 _DEFAULTS: dict[str, Any] = {"emit": Emit.text, "debug": False}
 
@@ -205,7 +206,8 @@ class Request:
 
     def inputs(self) -> list[Path]:
         """Every file this command reads: what an output must never replace."""
-        return [self.story, *self.cards, *([self.config] if self.config else [])]
+        lore = [Path(p) for p in self.overrides.get("lore.files", ((), ""))[0]]
+        return [self.story, *self.cards, *lore, *([self.config] if self.config else [])]
 
     def run(self) -> tuple[Built, Story]:
         """Read the story and build it: (the `Built` result, the `Story`). What the reader
@@ -226,6 +228,8 @@ class Request:
             built = build(story, settings, emit=self.emit)
         for note in story.notes:
             terminal().say(f"ctx: {note}")
+        for note in built.lore.notes:
+            terminal().say(f"ctx: lore: {note}")
         return built, story
 
 

@@ -32,8 +32,11 @@ DEFAULT_CARD_TEMPLATE = (
 # No window, tail or head is anywhere near this; a bigger number is a typo, and bounding it
 # keeps every loop over rungs and messages bounded.
 MOST = 1_000_000_000
-Kind = Literal["count", "factor", "share", "reserve", "tokenizer", "cache", "text"]
+Kind = Literal[
+    "count", "factor", "share", "reserve", "tokenizer", "cache", "text", "engine", "files", "depth", "switch", "flag"
+]
 CACHE_POLICIES = ("exact", "stable")
+LORE_ENGINES = ("keyword", "sillytavern")
 
 
 def setting(default: Any, help: str, kind: Kind, *, least: int = 0) -> Any:
@@ -94,10 +97,39 @@ class ModelSettings:
     )
 
 
-SECTIONS: dict[str, type[ContextSettings] | type[PromptSettings] | type[ModelSettings]] = {
+@dataclass(frozen=True)
+class LoreSettings:
+    """`[lore]`: World Info (docs/lore.md). The names are SillyTavern's `world_info_*` settings
+    without the prefix; "auto" takes the engine's default."""
+
+    engine: str = setting("keyword", 'which entries win: "keyword" (seed 000, by relevance) or "sillytavern"', "engine")
+    files: tuple[str, ...] = setting((), "World Info JSON files read for every story (relative to this file)", "files")
+    scan_depth: int | Literal["auto"] = setting(
+        "auto", 'messages scanned for keys, newest first; "auto": keyword 10, sillytavern 2', "depth"
+    )
+    budget: float = setting(25.0, "lore may take this percent of the limit", "factor")
+    budget_cap: int = setting(0, "and at most this many tokens; 0 = no cap", "count")
+    recursive: bool | Literal["auto"] = setting(
+        "auto", 'scan fired entries for more keys; "auto": keyword false, sillytavern true', "switch"
+    )
+    max_recursion_steps: int = setting(0, "scan passes at most; 0 = no limit", "count")
+    case_sensitive: bool = setting(False, "keys match case (an entry's caseSensitive wins)", "flag")
+    match_whole_words: bool | Literal["auto"] = setting(
+        "auto", 'keys match whole words; "auto": keyword false, sillytavern true', "switch"
+    )
+    include_names: bool = setting(True, 'scan messages as "Name: text"', "flag")
+    min_activations: int = setting(0, "scan deeper until this many entries fire; 0 = off", "count")
+    min_activations_depth_max: int = setting(0, "but no deeper than this; 0 = the whole chat", "count")
+    group_scoring: bool = setting(False, "an inclusion group keeps the members with the most key hits", "flag")
+    world_cap: int = setting(20, "keyword engine: at most this many world lore entries", "count")
+    character_cap: int = setting(15, "keyword engine: at most this many character lore entries", "count")
+
+
+SECTIONS: dict[str, type[ContextSettings] | type[PromptSettings] | type[ModelSettings] | type[LoreSettings]] = {
     "context": ContextSettings,
     "prompt": PromptSettings,
     "model": ModelSettings,
+    "lore": LoreSettings,
 }
 
 
@@ -124,6 +156,7 @@ class Settings:
     context: ContextSettings = ContextSettings()
     prompt: PromptSettings = PromptSettings()
     model: ModelSettings = ModelSettings()
+    lore: LoreSettings = LoreSettings()
     sources: Mapping[str, str] = field(default_factory=dict)
     given: frozenset[str] = frozenset()
     path: Path | None = None  # the file that was read, if any
@@ -146,15 +179,32 @@ def _check(dotted: str, key: Field[Any], value: Any, bad: type[ConfigError], sou
             shown = f"{value}" if len(str(value)) < 40 else "a number too large to use"
         return bad(source, dotted, f"expected {expected}, got {shown}")
 
-    kind, least = key.metadata["kind"], key.metadata["least"]
+    kind, least, expected = key.metadata["kind"], key.metadata["least"], ""
+    if kind in ("depth", "switch") and value == "auto":
+        return value
+    if kind == "depth":
+        kind, expected = "count", 'a number of messages ≥ 0 or "auto"'
+    if kind in ("switch", "flag"):
+        if not isinstance(value, bool):
+            raise wrong('true, false or "auto"' if kind == "switch" else "true or false")
+        return value
+    if kind == "engine":
+        if value not in LORE_ENGINES:
+            raise wrong(" or ".join(f'"{e}"' for e in LORE_ENGINES))
+        return value
+    if kind == "files":
+        if isinstance(value, str | Path):
+            value = [value]
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str | Path) for v in value):
+            raise wrong("a list of file paths")
+        base = Path(source).parent if bad is ConfigError and Path(source).suffix == ".toml" else None
+        return tuple(str(base / Path(v).expanduser()) if base else str(Path(v).expanduser()) for v in value)
     if kind == "reserve":
         if value == "auto":
             return value
         if isinstance(value, str) and re.fullmatch(r"[0-9]{1,10}", value):  # from a flag: --reserve 800
             value = int(value)
         kind, expected = "count", 'a number of tokens ≥ 0 or "auto"'
-    else:
-        expected = ""
     if kind == "count":
         if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MOST:
             raise wrong(expected or f"a whole number from {least} to {MOST:,}")
@@ -213,6 +263,7 @@ def load_settings(
         context=ContextSettings(**values["context"]),
         prompt=PromptSettings(**values["prompt"]),
         model=ModelSettings(**values["model"]),
+        lore=LoreSettings(**values["lore"]),
         sources=sources,
         given=frozenset(overrides or ()),
         path=read,

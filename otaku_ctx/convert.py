@@ -20,7 +20,8 @@ from dataclasses import fields
 from typing import Any
 
 from .errors import StoryError
-from .model import Card, Lore, Message, Scene, Story, StoryInfo
+from .model import Card, Lore, LoreEntry, Message, Scene, Story, StoryInfo
+from .readers.worldinfo import WORLD_INFO_NAMES
 
 
 def to_native_lines(story: Story) -> list[str]:
@@ -42,6 +43,9 @@ def to_native_lines(story: Story) -> list[str]:
     records.extend(_message_record(m) for m in story.messages)
     records.extend(_scene_record(s) for s in story.scenes)
     records.extend(_lore_record(entry) for entry in story.lore)
+    cards = [m.card for m in story.cards if m.card] + list(story.info.cast)
+    world = [*story.world, *(e for card in cards for e in card.book)]
+    records.extend(_world_info_record(entry) for entry in world)
     return [json.dumps(record, ensure_ascii=False) for record in records]
 
 
@@ -62,7 +66,8 @@ def _non_empty(obj: Any, skip: set[str]) -> dict[str, Any]:
 
 
 def _card_record(card: Card) -> dict[str, Any]:
-    return {"name": card.name, **_non_empty(card, {"name"})}
+    # A card's lorebook is written as lore lines bound to the card's character.
+    return {"name": card.name, **_non_empty(card, {"name", "book"})}
 
 
 def _info_record(info: StoryInfo) -> dict[str, Any]:
@@ -96,3 +101,18 @@ def _scene_record(scene: Scene) -> dict[str, Any]:
 
 def _lore_record(lore: Lore) -> dict[str, Any]:
     return {"type": "lore", **_non_empty(lore, {"line"})}
+
+
+_ENTRY_DEFAULTS = LoreEntry(uid=0, content="")
+
+
+def _world_info_record(entry: LoreEntry) -> dict[str, Any]:
+    """A World Info entry as a lore line in SillyTavern's field names; fields at their
+    default are left out (a missing field reads as its default)."""
+    record: dict[str, Any] = {"type": "lore", "uid": entry.uid}
+    for name, key in WORLD_INFO_NAMES.items():
+        value = getattr(entry, name)
+        if name == "uid" or (name != "content" and value == getattr(_ENTRY_DEFAULTS, name)):
+            continue
+        record[key] = list(value) if isinstance(value, tuple) else value
+    return record

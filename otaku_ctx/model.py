@@ -25,6 +25,7 @@ class Card:
     creator_notes: str = ""
     tags: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()  # other names the story calls the character by (lore keys)
+    book: tuple[LoreEntry, ...] = ()  # the card's lorebook (`character_book`), its entries bound to it
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,62 @@ class Lore:
     line: int | None = None
 
 
+LORE_POSITIONS = {
+    0: "before",
+    1: "after",
+    2: "note_top",
+    3: "note_bottom",
+    4: "depth",
+    5: "examples_top",
+    6: "examples_bottom",
+}
+LORE_ROLES: tuple[Role, ...] = ("system", "user", "assistant")  # World Info's `role` 0, 1, 2
+SELECTIVE_LOGICS = ("AND_ANY", "NOT_ALL", "NOT_ANY", "AND_ALL")  # World Info's `selectiveLogic` 0..3
+
+
+@dataclass(frozen=True)
+class LoreEntry:
+    """One World Info entry with SillyTavern's fields (docs/lore.md). `None` in an optional
+    field means "the `[lore]` setting decides", as a missing field does in SillyTavern."""
+
+    uid: int | str
+    content: str
+    key: tuple[str, ...] = ()
+    keysecondary: tuple[str, ...] = ()
+    comment: str = ""
+    constant: bool = False
+    disable: bool = False
+    selective: bool = True
+    selective_logic: int = 0  # index into SELECTIVE_LOGICS
+    order: int = 100
+    position: int = 0  # a key of LORE_POSITIONS
+    depth: int = 4
+    role: int = 0  # index into LORE_ROLES
+    scan_depth: int | None = None
+    case_sensitive: bool | None = None
+    match_whole_words: bool | None = None
+    exclude_recursion: bool = False
+    prevent_recursion: bool = False
+    delay_until_recursion: int = 0
+    probability: float = 100
+    use_probability: bool = True
+    group: str = ""
+    group_override: bool = False
+    group_weight: float = 100
+    use_group_scoring: bool | None = None
+    sticky: int = 0
+    cooldown: int = 0
+    delay: int = 0
+    source: str = ""  # the lorebook's file name, or the story's own
+    character: str = ""  # the character whose card holds it (character lore); "" = world lore
+    line: int | None = None  # the story line it came from, for native lore lines
+
+    @property
+    def name(self) -> str:
+        """What users call the entry: its comment (title), else its first key, else its uid."""
+        return self.comment or (self.key[0] if self.key else str(self.uid))
+
+
 @dataclass(frozen=True)
 class StoryInfo:
     """What a story says about itself, beyond messages: fills template variables."""
@@ -104,6 +161,7 @@ class Story:
     system: str = ""
     info: StoryInfo = field(default_factory=StoryInfo)
     lore: tuple[Lore, ...] = ()
+    world: tuple[LoreEntry, ...] = ()  # World Info entries: the story's own lore lines and --lore books
     notes: tuple[str, ...] = ()  # what the reader chose that the user should hear of (stderr)
     hidden: int = 0  # source rows that never reach the prompt (e.g. SillyTavern hidden messages)
     source_format: str = "native"

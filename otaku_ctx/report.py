@@ -30,6 +30,7 @@ from .assembler import (
     Tried,
 )
 from .build import Budget, Built
+from .lore import LoreChoice, LoreDecision, position_name, role_name
 from .model import Message
 from .names import ResolvedNames
 
@@ -218,6 +219,7 @@ def facts(built: Built, story_hidden: int = 0, names: ResolvedNames | None = Non
         "steps": [describe(step) for step in a.steps],
         "trace": [_trace(step) for step in a.steps],
     }
+    data["lore"] = lore_facts(built.lore)
     if a.refusal:
         r = a.refusal
         data["refusal"] = {
@@ -228,3 +230,75 @@ def facts(built: Built, story_hidden: int = 0, names: ResolvedNames | None = Non
             "message": refusal_message(r, built.budget),
         }
     return data
+
+
+# ── Lore ─────────────────────────────────────────────────────────────────────────────────
+
+_NOT_FIRED = {
+    "disabled": "disabled",
+    "no_keys": "has no keys",
+    "no_match": "no key matched",
+    "secondary": "its secondary keys failed ({detail})",
+    "delay": "delayed ({detail})",
+    "cooldown": "on cooldown ({detail})",
+    "delay_until_recursion": "waits for recursion",
+    "exclude_recursion": "matches only through recursion, which it excludes",
+    "group": "lost its group {detail!r} to entry {by}",
+    "probability": "probability roll failed ({detail})",
+}
+_NOT_PLACED = {
+    "budget": "fired but is over the lore budget; raise [lore] budget or budget_cap",
+    "cap": "fired but is over the keyword engine's cap ({detail}); raise it",
+    "frame": "fired but was dropped: the prompt had no room for it with the story (raise the window)",
+    "empty": "fired but has no content",
+}
+
+
+def lore_reason(d: LoreDecision) -> str:
+    """Why an entry fired (and where it went) or did not, in one sentence."""
+    if d.reason in _NOT_PLACED:
+        return _NOT_PLACED[d.reason].format(detail=d.detail)
+    if not d.fired:
+        return _NOT_FIRED.get(d.reason, d.reason).format(detail=d.detail, by=d.by)
+    if d.reason == "key":
+        who = f" by {d.speaker}" if d.speaker else ""
+        return f"key {d.key!r} in message {d.message}{who}"
+    if d.reason == "recursion":
+        return f"key {d.key!r} in the content of entry {d.by} (recursion)"
+    return {"constant": "constant", "sticky": "sticky from an earlier turn"}.get(d.reason, d.reason)
+
+
+def lore_facts(lore: LoreChoice) -> dict[str, Any]:
+    """`inspect --json`'s `lore`: the engine, the budget and every entry considered, the
+    placed ones first in the order they are inserted."""
+
+    def entry(d: LoreDecision) -> dict[str, Any]:
+        e = d.entry
+        return {
+            "uid": e.uid,
+            "source": e.source,
+            "comment": e.comment,
+            "character": e.character or None,
+            "fired": d.fired,
+            "placed": d.placed,
+            "reason": d.reason,
+            "why": lore_reason(d),
+            "key": d.key,
+            "message": d.message,
+            "by": d.by,
+            "position": position_name(e),
+            "depth": e.depth if e.position == 4 else None,
+            "role": role_name(e),
+            "order": e.order,
+            "tokens": d.tokens,
+            "score": d.score,
+        }
+
+    return {
+        "engine": lore.engine,
+        "budget": lore.budget,
+        "used": lore.used,
+        "scanned": list(lore.scanned),
+        "notes": list(lore.notes),
+        "entries": [entry(d) for d in lore.decisions],
+    }

@@ -13,7 +13,8 @@ from .assembler import Part
 from .config import PromptSettings
 from .hbs import Template
 from .lookup import compiled
-from .model import Card, Story
+from .lore import LoreChoice, LoreDecision
+from .model import LORE_ROLES, Card, Story
 from .names import Names
 from .presets import DEFAULT_EXAMPLE_SEPARATOR, example_blocks
 
@@ -22,13 +23,14 @@ from .presets import DEFAULT_EXAMPLE_SEPARATOR, example_blocks
 OPEN_MARK = f"\ue000open-{secrets.token_hex(8)}\ue001"
 
 
-def _card_json(card: Card, names: Names) -> dict[str, str]:
+def _card_json(card: Card, names: Names, lore: Sequence[dict[str, str]] = ()) -> dict[str, Any]:
     fill = names.within(card).fill
-    data = {
+    data: dict[str, Any] = {
         "name": card.name,
         "description": fill(card.description),
         "personality": fill(card.personality),
         "scenario": fill(card.scenario),
+        "extraLore": list(lore),  # seed 000: character lore rides on its character
     }
     return {k: v for k, v in data.items() if v}
 
@@ -40,6 +42,34 @@ class Variables:
     story: Story
     names: Names
     settings: PromptSettings = field(default_factory=PromptSettings)
+    lore: LoreChoice = field(default_factory=LoreChoice.empty)
+
+    def lore_text(self, d: LoreDecision) -> str:
+        """An entry's content with `{{char}}` (its character's, for character lore) and `{{user}}`."""
+        card = next((c for c in self.known_cards if c.name == d.entry.character), None)
+        return self.names.within(card).fill(d.entry.content).strip("\n")
+
+    @cached_property
+    def lore_at(self) -> dict[int, list[LoreDecision]]:
+        """The placed entries by position, each list in SillyTavern's insertion order (`order`
+        lowest first; the keyword engine's relevance order is kept for equal orders)."""
+        at: dict[int, list[LoreDecision]] = {}
+        for d in sorted(self.lore.placed, key=lambda d: d.entry.order):
+            at.setdefault(d.entry.position, []).append(d)
+        return at
+
+    def lore_join(self, position: int) -> str:
+        return "\n".join(t for d in self.lore_at.get(position, []) if (t := self.lore_text(d)))
+
+    @cached_property
+    def lore_depth(self) -> list[tuple[int, str, str]]:
+        """Position 4: (depth, role, text), one per depth and role as SillyTavern groups them."""
+        groups: dict[tuple[int, str], list[str]] = {}
+        for d in self.lore_at.get(4, []):
+            groups.setdefault((d.entry.depth, LORE_ROLES[d.entry.role]), []).append(self.lore_text(d))
+        return [
+            (depth, role, "\n".join(texts)) for (depth, role), texts in sorted(groups.items(), key=lambda g: -g[0][0])
+        ]
 
     @cached_property
     def card_template(self) -> Template:
@@ -99,14 +129,28 @@ class Variables:
         personas = [{"name": u, **({"description": persona} if persona and u == names.user else {})} for u in users]
         fill = names.within(card).fill
         scenario = names.fill(story.info.scenario) or (fill(card.scenario) if card else "")
-        example = fill(card.example_dialogue) if card else ""
+        example = "\n".join(
+            t for t in (self.lore_join(5), fill(card.example_dialogue) if card else "", self.lore_join(6)) if t
+        )
+        placed = (
+            self.lore.placed
+            if self.lore.engine == "keyword"
+            else sorted(self.lore.placed, key=lambda d: -d.entry.order)
+        )
+        world = [{"name": d.entry.name, "content": self.lore_text(d)} for d in placed if not d.entry.character]
+        bound: dict[str, list[dict[str, str]]] = {}
+        for d in placed:
+            if d.entry.character:
+                bound.setdefault(d.entry.character, []).append({"name": d.entry.name, "content": self.lore_text(d)})
         system = names.fill(story.system) or (fill(card.system_prompt) if card else "")
         return {
             "system": system,
             "title": story.info.title,
             "char": names.char,
             "user": names.user,
-            "characters": json.dumps([_card_json(c, names) for c in cards], ensure_ascii=False, indent=2)
+            "characters": json.dumps(
+                [_card_json(c, names, bound.get(c.name, ())) for c in cards], ensure_ascii=False, indent=2
+            )
             if cards
             else "",
             "personas": json.dumps(personas, ensure_ascii=False, indent=2) if users else "",
@@ -125,13 +169,15 @@ class Variables:
             "exampleDialogue": example,
             "mesExamples": "".join(example_blocks(example, DEFAULT_EXAMPLE_SEPARATOR, instruct=False)),
             "mesExamplesRaw": example,
-            "wiBefore": "",
-            "wiAfter": "",
-            "loreBefore": "",
-            "loreAfter": "",
+            "wiBefore": self.lore_join(0),
+            "wiAfter": self.lore_join(1),
+            "loreBefore": self.lore_join(0),
+            "loreAfter": self.lore_join(1),
+            "loreNoteTop": self.lore_join(2),
+            "loreNoteBottom": self.lore_join(3),
             "anchorBefore": "",
             "anchorAfter": "",
-            "worldLore": "",
+            "worldLore": json.dumps(world, ensure_ascii=False, indent=2) if world else "",
             "narrativeGraph": "",
         }
 
@@ -151,7 +197,15 @@ class Variables:
         head_e = [self.entry(p) for p in head]
         recap_e = [self.entry(p) for p in recap]
         tail_e = [self.entry(p) for p in tail]
-        chat = head_e + recap_e + tail_e + [self.open_turn]
+        chat = head_e + recap_e + tail_e
+        # Position 4: `depth` messages from the end, never above the tail's first message.
+        # (With no recap, head and tail are one run of the chat, and the whole of it counts.)
+        top = len(head_e) + len(recap_e) if recap_e else 0
+        for depth, role, text in self.lore_depth:
+            at = max(top, len(chat) - depth)
+            chat.insert(at, {"role": role, "name": "", "message": text, "kind": "lore", "number": None,
+                             "scene": None, "title": ""})  # fmt: skip
+        chat.append(self.open_turn)
         history = next((e for e in recap_e if e["kind"] == "history"), None)
         summaries, cards_before = [], []
         floated: list[dict[str, Any]] = []
@@ -194,7 +248,15 @@ class Variables:
             "exampleDialogue": fill(card.example_dialogue) if card else "",
         }
         target = max(0, entries - 1 - self.settings.post_history_depth)
-        return {"targetIndex": target, "hasContent": any(post.values()), **post}
+        # World Info's author's-note positions (2, 3) stand beside the reminder, at its index.
+        note = {"loreNoteTop": self.lore_join(2), "loreNoteBottom": self.lore_join(3)}
+        return {
+            "targetIndex": target,
+            "hasContent": any(post.values()),
+            "hasLoreNote": any(note.values()),
+            **post,
+            **note,
+        }
 
 
 # ── Rendering and emitting ───────────────────────────────────────────────────────────────

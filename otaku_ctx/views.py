@@ -78,13 +78,24 @@ def explain(facts: dict[str, Any], *, steps: bool = True) -> Group:
     budget.add_row(
         "messages", f"{facts['messages']:,}" + (f" (+{facts['hidden']} hidden)" if facts.get("hidden") else "")
     )
+    parts: list[Any] = [title, Text(), sections, Text(), budget]
+    lore = facts.get("lore") or {}
+    if lore.get("entries"):
+        table = Table(title=f"Lore ({lore['engine']}: {lore['used']:,} of {lore['budget']:,} tokens)", show_edge=False)
+        for column in ("entry", "placed", "why", "tokens"):
+            table.add_column(column, justify="right" if column == "tokens" else "left")
+        for e in lore["entries"]:
+            name = e["comment"] or f"uid {e['uid']}"
+            where = f"{e['position']}" + (f" @{e['depth']} {e['role']}" if e["depth"] is not None else "")
+            table.add_row(name, where if e["placed"] else "—", e["why"], f"{e['tokens']:,}" if e["tokens"] else "")
+        parts += [Text(), table]
     if not steps:
-        return Group(title, Text(), sections, Text(), budget)
+        return Group(*parts)
     listed = Text()
     for number, step in enumerate(facts["steps"], start=1):
         listed.append(f"{number:>2}. ", style="dim")
         listed.append(step + "\n")
-    return Group(title, Text(), sections, Text(), budget, Text(), Panel(listed, title="Steps", expand=False))
+    return Group(*parts, Text(), Panel(listed, title="Steps", expand=False))
 
 
 def settings_table(rows: list[tuple[str, str, str]]) -> Table:

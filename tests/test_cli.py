@@ -355,7 +355,8 @@ def test_sillytavern_chat_with_card(capsys):
     card = FIXTURES / "sillytavern" / "seraphina-card.png"
     code, out, _ = run(capsys, "build", chat, "--card", card)
     assert code == 0
-    assert out.startswith("Seraphina joins the story.")
+    # The card's lorebook (character_book) fires on "Eldoria" and stands before the card (docs/lore.md).
+    assert out.startswith('Wren: "What is Eldoria?"') and "\n\nSeraphina joins the story." in out
     assert "Eldoria's edge, well off any road" in out  # the selected swipe of message 3
     assert "You should not be awake yet" not in out  # the other swipe
     assert "hidden from the AI" not in out

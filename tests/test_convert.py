@@ -55,12 +55,17 @@ NATIVE_STORY = [
 
 
 def comparable(story: Story) -> tuple[object, ...]:
-    """What the native format holds: all but path, line fields, hidden and source_format."""
+    """What the native format holds: all but path, line fields, hidden and source_format. A
+    card's lorebook is written as lore lines bound to its character, so lore is compared as
+    one list: the story's World Info entries, then each card's."""
+    books = [e for m in story.messages if m.card for e in m.card.book]
     return (
-        tuple(replace(m, line=None) for m in story.messages),
+        tuple(replace(m, line=None, card=replace(m.card, book=()) if m.card else None) for m in story.messages),
         tuple(replace(s, line=None) for s in story.scenes),
         story.system,
         story.info,
+        tuple(replace(e, line=None) for e in story.lore),
+        tuple(replace(e, line=None) for e in [*story.world, *books]),
     )
 
 

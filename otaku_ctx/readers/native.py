@@ -5,6 +5,7 @@
     {"type": "scene", "id": 4, "start": 65, "end": 95, "summary": "...", "history": "..."}
     {"type": "story", "title": "...", "user": "...", "scenario": "...", ...} facts about the story
     {"type": "lore", "name": "Ilya", "scene": 4, "state": "...", "history": "...", "entry": "..."}
+    {"type": "lore", "uid": 3, "key": ["forest"], "content": "...", ...}   (World Info, docs/lore.md)
                                                  what a character knows at the end of a scene
 
 Leading system messages (before any other message) form the story's system message. A
@@ -22,10 +23,11 @@ from typing import Any
 
 from ..errors import StoryError
 from ..files import reading
-from ..model import ROLES, Card, Lore, Message, Scene, Story, StoryInfo
+from ..model import ROLES, Card, Lore, LoreEntry, Message, Scene, Story, StoryInfo
 from .jsonload import JSONProblem, loads
+from .worldinfo import entry_from_world_info
 
-CARD_FIELDS = {f.name for f in fields(Card)} - {"tags", "aliases"}
+CARD_FIELDS = {f.name for f in fields(Card)} - {"tags", "aliases", "book"}
 LORE_TEXTS = ("state", "history", "entry")
 _ROLE = {role: role for role in ROLES}  # one shared str per role, whatever the decoder made
 BOM = b"\xef\xbb\xbf"
@@ -49,6 +51,7 @@ class _Builder:
     system: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     lore: list[Lore] = field(default_factory=list)
+    world: list[LoreEntry] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     names: dict[str, str] = field(default_factory=dict)  # one shared str per speaker name
 
@@ -214,7 +217,27 @@ def _add_info(b: _Builder, number: int, obj: dict[str, Any]) -> None:
             b.info[key] = value
 
 
+# A lore line with any of these is a World Info entry; without, otaku's per-scene lore.
+WORLD_INFO_MARKS = ("uid", "key", "keysecondary", "content", "constant")
+
+
+def _add_world_info(b: _Builder, number: int, obj: dict[str, Any]) -> None:
+    fields = {k: v for k, v in obj.items() if k not in ("type", "source", "character")}
+    source, character = obj.get("source", b.path.name), obj.get("character", "")
+    if not isinstance(source, str) or not isinstance(character, str):
+        b.error(number, 'lore "source" and "character" must be text')
+        return
+    uid = fields.get("uid", len(b.world))
+    try:
+        b.world.append(entry_from_world_info(b.path, uid, fields, source, number, character))
+    except StoryError as exc:
+        b.error(number, exc.message)
+
+
 def _add_lore(b: _Builder, number: int, obj: dict[str, Any]) -> None:
+    if any(mark in obj for mark in WORLD_INFO_MARKS):
+        _add_world_info(b, number, obj)
+        return
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
         b.error(number, 'a lore record needs "name" (the character it is about)')
@@ -366,6 +389,7 @@ def parse_records(
         system="\n\n".join(b.system),
         info=StoryInfo(**b.info),
         lore=tuple(b.lore),
+        world=tuple(b.world),
     )
     return story, b.problems
 

@@ -299,7 +299,7 @@ def _profile(path: Path, part: _Part) -> _Profile:
         ) from None
     except RecursionError:
         raise StoryError(path, part.line, f"the card profile of {name!r} is nested too deeply") from None
-    values: dict[str, str] = {}
+    values: dict[str, Any] = {}
     for key, field in PROFILE_FIELDS.items():
         value = data.get(key)
         if isinstance(value, list):
@@ -311,7 +311,7 @@ def _profile(path: Path, part: _Part) -> _Profile:
     user = data.get("user")
     file_name = data.get("file_name")
     return _Profile(
-        Card(name=name, **values),  # type: ignore[arg-type]  # only the text fields of PROFILE_FIELDS
+        Card(name=name, **values),
         user if isinstance(user, str) else "",
         file_name if isinstance(file_name, str) else "",
     )
