@@ -92,7 +92,7 @@ class TemplatePricer:
             return 0
         if self.renderer.chat_counted:
             return sum(map(self.piece_cost, pieces[start:end]))
-        before = pieces[start - 1] if start else ""
+        before = self.count.context(pieces[start - 1]) if start else ""
         return self.count.bound(before + "".join(pieces[start:end])) - self.count.bound(before)
 
     def fixed(self) -> int:

@@ -26,10 +26,18 @@ class TokenCounter:
 
     name: str
 
-    def __init__(self, name: str, count: Callable[[str], int], additive: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        count: Callable[[str], int],
+        additive: bool = True,
+        context: Callable[[str], str] | None = None,
+    ) -> None:
         self.name = name
         self._count = count
         self._cache: dict[str, int] = {}
+        self._context = context
+        self._contexts: dict[str, str] = {}
         self.calls = 0  # distinct texts actually counted (for tests and benchmarks)
         # Whether the count of joined texts is (about) the sum of their counts. len // 4 is
         # not: it floors each piece, so pieces are priced by `bound` (rounding up) instead.
@@ -41,6 +49,18 @@ class TokenCounter:
             self.calls += 1
             cached = self._cache[text] = self._count(text)
         return cached
+
+    def context(self, text: str) -> str:
+        """The end of `text` that decides how a text right after it is counted: the count of
+        `text + after` minus that of `text` equals the same for this end instead of `text`.
+        A price measured after a long piece (a system turn full of lore) then counts a few
+        dozen characters of it, not all of it, for every part."""
+        if self._context is None:
+            return text
+        found = self._contexts.get(text)
+        if found is None:
+            found = self._contexts[text] = self._context(text)
+        return found
 
     def bound(self, text: str) -> int:
         """What `text` can add to a longer prompt: its count, or for a flooring estimate the
@@ -147,6 +167,26 @@ def count_cl100k(text: str) -> int:
         return len(core.encode_ordinary(text))
     except UnicodeEncodeError:  # a lone surrogate: counted as U+FFFD, as tiktoken.Encoding does
         return len(core.encode_ordinary(_without_surrogates(text)))
+
+
+LOOK_BEHIND = 64  # characters of a text kept before what follows it (`cl100k_context`)
+
+
+def cl100k_context(text: str) -> str:
+    """The end of `text` from the start of the pre-tokenizer piece that holds its last
+    LOOK_BEHIND characters. Why that is exact: cl100k's pieces are found left to right, and a
+    piece that ends before the end of `text` is decided by `text` alone (its quantifiers stop
+    at a character of `text`, its lookahead and `$` see characters of `text`), so whatever
+    follows, the pieces before that start are the same, and a piece never looks behind it;
+    byte-pair merging never crosses pieces. So the pieces before it count the same tokens
+    in `text` and in `text + after`, and cancel in the difference."""
+    if len(text) <= 2 * LOOK_BEHIND:
+        return text
+    target = len(text) - LOOK_BEHIND
+    for piece in _pieces().finditer(text):
+        if piece.end() > target:
+            return text[piece.start() :]
+    return text
 
 
 def _without_surrogates(text: str) -> str:
@@ -338,7 +378,7 @@ def make_counter(name: str) -> TokenCounter:
     """A fresh caching counter for the named tokenizer."""
     if name == "cl100k_base":
         _cl100k()  # load now, so a missing or damaged file is reported before any work
-        return TokenCounter(name, count_cl100k)
+        return TokenCounter(name, count_cl100k, context=cl100k_context)
     if name == "estimate":
         return TokenCounter(name, _estimate, additive=False)
     raise ConfigError("tokenizer", None, f"unknown tokenizer {name!r}; expected one of {', '.join(TOKENIZERS)}")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import socket
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from stories import story
 
 from otaku_ctx import tokens
@@ -79,6 +81,9 @@ class Spy:
     def bound(self, text: str) -> int:
         return self(text)
 
+    def context(self, text: str) -> str:
+        return self.inner.context(text)
+
 
 def test_the_covered_middle_is_never_tokenised():
     s = story(2000, [(20 * k + 1, 20 * k + 20) for k in range(100)], text="middle")
@@ -94,3 +99,38 @@ def test_the_covered_middle_is_never_tokenised():
         assert f"Mara: {m.content}\n" not in counted and f"Ilya: {m.content}\n" not in counted
     # Work grows with the window: far fewer distinct texts counted than the story has messages.
     assert len(set(spy.seen)) < 500
+
+
+# ── The look-behind a price needs ────────────────────────────────────────────────────────
+
+_TEXTS = st.text(alphabet=st.sampled_from(list("ab é字 \n\t\r'sdm.,!?0123456789<|>")), max_size=400)
+
+
+@given(_TEXTS, _TEXTS, st.integers(0, 300))
+def test_the_context_of_a_text_counts_what_follows_it_as_the_whole_does(before: str, after: str, pad: int) -> None:
+    from otaku_ctx.tokens import cl100k_context
+
+    count = make_counter("cl100k_base")
+    before = "x" * pad + " word" * (pad // 7) + before
+    end = cl100k_context(before)
+    assert before.endswith(end) and len(end) <= max(len(before), 1)
+    assert count(before + after) - count(before) == count(end + after) - count(end)
+
+
+@pytest.mark.parametrize(("before", "after"), [("word " * 10 + "x" * 151, "yz"), ("word " * 10 + "x" * 150, "y")])
+def test_the_context_starts_where_a_piece_starts(before: str, after: str) -> None:
+    """A last piece longer than the look-behind: cut inside it, the count would be wrong."""
+    from otaku_ctx.tokens import LOOK_BEHIND, cl100k_context
+
+    count = make_counter("cl100k_base")
+    end, naive = cl100k_context(before), before[-LOOK_BEHIND:]
+    assert count(before + after) - count(before) == count(end + after) - count(end)
+    assert count(before + after) - count(before) != count(naive + after) - count(naive)
+
+
+def test_the_context_of_a_long_text_is_short() -> None:
+    from otaku_ctx.tokens import LOOK_BEHIND, cl100k_context
+
+    lore = "The lighthouse keeper remembers every ship. " * 500
+    end = cl100k_context(lore)
+    assert LOOK_BEHIND <= len(end) < 2 * LOOK_BEHIND
