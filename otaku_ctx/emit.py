@@ -11,9 +11,10 @@ from typing import Any
 
 from .assembler import Assembly, Part
 from .blocks import Block
-from .formats import Format, render_messages, render_text, stop_sequences
+from .formats import Format, bind, render_messages, render_text, stop_sequences
 from .hbs import Template
 from .presets import PresetTemplate
+from .presets import for_format as bind_preset
 from .presets import stop_strings as preset_stops
 from .variables import OPEN_MARK, Variables
 
@@ -37,12 +38,20 @@ class PromptRenderer:
     model: str = ""  # the request body's "model"; "" = left out
     max_stops: int = 0  # at most this many stop strings in a request body; 0 = all
 
+    def __post_init__(self) -> None:
+        """The format bound to the story's names (`formats.bind`): `{{user}}`, `{{char}}`,
+        and a group chat when more than one character speaks."""
+        story, names = self.variables.story, self.variables.names
+        characters = {names.speaker(m) for m in story.messages if m.role == "assistant" and not m.is_card}
+        self.format = bind(self.format, names.user, names.char, group=len(characters) > 1)
+        self.template = bind_preset(self.template, self.format)
+
     def render(self, head: Sequence[Part], recap: Sequence[Part], tail: Sequence[Part]) -> list[Block]:
         """Role blocks; the last is open when it holds the open turn (see `Variables.open_turn`)."""
         blocks = self.template.render(self.variables.for_assembly(head, recap, tail), self.bound)
-        out = [Block(b.role, b.text.replace(OPEN_MARK, "")) if OPEN_MARK in b.text else b for b in blocks]
+        out = [replace(b, text=b.text.replace(OPEN_MARK, "")) if OPEN_MARK in b.text else b for b in blocks]
         if out and OPEN_MARK in blocks[-1].text and out[-1].role == "assistant":
-            out[-1] = Block("assistant", out[-1].text, open=True)
+            out[-1] = replace(out[-1], open=True)
         return out
 
     def blocks(self, assembly: Assembly) -> list[Block]:

@@ -12,12 +12,21 @@ The fields mirror SillyTavern's instruct preset, so a preset carries over key by
     input_suffix = "<|im_end|>\\n"
     output_sequence = "<|im_start|>assistant\\n" # prefix of an assistant block
     output_suffix = "<|im_end|>\\n"
-    first_output_sequence = ""           # prefix of the first closed assistant block, if set
+    first_output_sequence = ""           # prefix of the oldest message, if it is an assistant's
     last_output_sequence = ""            # prefix of the open assistant block, if set
+    first_input_sequence = ""            # prefix of the oldest message, if it is the user's
+    last_input_sequence = ""             # prefix of the last user message
+    last_system_sequence = ""            # SillyTavern's quiet-prompt prefix: a stop string only
+    system_sequence_prefix = ""          # wraps the system prompt (SillyTavern 1.12.6)
+    system_sequence_suffix = ""
+    story_string_prefix = ""             # wraps a context preset's story string (newer SillyTavern)
+    story_string_suffix = ""
+    skip_examples = false                # SillyTavern: example dialogue is not wrapped in sequences
+    macro = true                         # {{user}}, {{char}}, {{name}} in sequences are filled
     system_same_as_user = false          # true: system blocks are user blocks (see below)
     wrap = false                         # true: a newline after each prefix (see below)
     user_alignment_message = ""          # a user turn put before an assistant-first chat
-    names_behavior = "always"            # "none" | "force" | "always"; accepted, no effect
+    names_behavior = "always"            # "none" | "force" | "always" (see below)
     alternate = true                     # true: the model demands alternating turns (merge)
     system_placement = "in_place"        # "last_user": the system prompt before the last user turn
     system_preamble = ""                 # text the prompt's opening system turn starts with
@@ -62,13 +71,31 @@ How a text prompt is built (`render_text`), and the decisions a user should know
 - `bos` is the literal start-of-text the model's own chat template writes (Llama 3's
   `<|begin_of_text|>`, Mistral's `<s>`, Gemma's `<bos>`). A backend that adds BOS itself
   will then see two; copy the format and set `bos = ""` for such a backend.
-- Macros (`{{char}}`, `{{name}}`) in sequences are not expanded: names are already in the
-  block text.
+- Macros: with `macro` (the default), `{{user}}` and `{{char}}` in every sequence and stop
+  string are the story's names (`bind`), and `{{name}}` is the speaker of the block (the user
+  for an input sequence, the character for an output one, "System" for a system block).
+- `names_behavior` applies to blocks that carry their speaker (`Block.name`: a SillyTavern
+  context preset's messages; a ctx template writes names into its text itself): "always"
+  writes "Name: text", "none" the text alone, "force" the name only in a group chat (more than
+  one character speaks) and never the user's. The open turn then ends "Name:" or the bare
+  sequence, as SillyTavern's `formatInstructModePrompt` does.
+- The oldest message (the first user or assistant block) takes `first_input_sequence` or
+  `first_output_sequence` by its role; the last user block takes `last_input_sequence` (that
+  wins when they are one block), as SillyTavern's `Generate` forces them.
+- The system prompt (the system blocks before the first user or assistant block, from a ctx
+  template) is wrapped with, in this order: `story_string_prefix/suffix` when the preset has
+  them; `system_sequence_prefix/suffix` (SillyTavern 1.12.6); the system sequences when the
+  system sequence names the system role (ChatML, Llama 3, Gemma 2: it has a turn of its own
+  even with `system_same_as_user`); a user turn with `system_same_as_user` (Mistral); else
+  as it is (Alpaca's `### Input:` marks system messages in the chat, not the prompt).
+  A context preset's story string (`kind == "story"`) takes only `story_string_prefix/suffix`:
+  SillyTavern 1.12.6 writes it as it is, its context presets carry the model's markup.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
@@ -91,6 +118,13 @@ _SEQUENCE_FIELDS = (
     "output_suffix",
     "first_output_sequence",
     "last_output_sequence",
+    "first_input_sequence",
+    "last_input_sequence",
+    "last_system_sequence",
+    "system_sequence_prefix",
+    "system_sequence_suffix",
+    "story_string_prefix",
+    "story_string_suffix",
     "user_alignment_message",
 )
 _STR_FIELDS = (
@@ -102,14 +136,12 @@ _STR_FIELDS = (
     "system_placement",
     "system_preamble",
 )
-_BOOL_FIELDS = ("chat", "system_same_as_user", "wrap", "alternate")
+_BOOL_FIELDS = ("chat", "system_same_as_user", "wrap", "alternate", "skip_examples", "macro")
 _TOML_KEYS = (*_STR_FIELDS, *_BOOL_FIELDS, "stop")
 
-# Older presets wrapped the system prompt with these (newer SillyTavern: story_string_*).
-_LEGACY_SYSTEM = (
-    ("system_sequence_prefix", "system_sequence_suffix"),
-    ("story_string_prefix", "story_string_suffix"),
-)
+_NAME = re.compile(r"\{\{name\}\}", re.IGNORECASE)
+_USER = re.compile(r"\{\{user\}\}|<USER>", re.IGNORECASE)
+_CHAR = re.compile(r"\{\{char\}\}|<BOT>", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -127,6 +159,15 @@ class Format:
     output_suffix: str = ""
     first_output_sequence: str = ""
     last_output_sequence: str = ""
+    first_input_sequence: str = ""
+    last_input_sequence: str = ""
+    last_system_sequence: str = ""
+    system_sequence_prefix: str = ""
+    system_sequence_suffix: str = ""
+    story_string_prefix: str = ""
+    story_string_suffix: str = ""
+    skip_examples: bool = False
+    macro: bool = True
     system_same_as_user: bool = False
     wrap: bool = False
     user_alignment_message: str = ""
@@ -135,6 +176,25 @@ class Format:
     system_placement: str = "in_place"
     system_preamble: str = ""
     stop: tuple[str, ...] = ()
+    # The story's names (`bind`), not read from a file: `{{user}}`, `{{char}}`, and whether
+    # more than one character speaks (a group chat, for names_behavior = "force").
+    user: str = ""
+    char: str = ""
+    group: bool = False
+
+
+def bind(fmt: Format, user: str, char: str, group: bool = False) -> Format:
+    """The format for one story: `{{user}}`/`{{char}}` filled in its sequences and stop
+    strings (when `macro`), the names kept for `{{name}}` and `names_behavior`."""
+    fmt = replace(fmt, user=user, char=char, group=group)
+    if not fmt.macro:
+        return fmt
+
+    def fill(text: str) -> str:
+        return _CHAR.sub(lambda _: char, _USER.sub(lambda _: user, text))
+
+    filled: dict[str, Any] = {key: fill(getattr(fmt, key)) for key in (*_SEQUENCE_FIELDS, "system_preamble", "bos")}
+    return replace(fmt, stop=_unique([fill(s) for s in fmt.stop]), **filled)
 
 
 # --- finding and loading ------------------------------------------------------------------
@@ -190,14 +250,16 @@ def read_format(path: Path) -> Format:
 
 
 def read_preset(path: Path) -> Format:
-    """Load a SillyTavern instruct preset (JSON).
+    """Load a SillyTavern instruct preset (JSON), as SillyTavern 1.12.6 loads one.
 
-    Keys this module does not use (UI fields, `macro`, `activation_regex`, ...) are ignored;
-    a key it uses with a wrong type is an error, a `null` one counts as unset. When
-    `system_sequence` is empty, the older `system_sequence_prefix`/`_suffix` (or the newer
-    `story_string_prefix`/`_suffix`) wrap system blocks instead, and then win over
-    `system_same_as_user`: the preset said how to mark the system prompt. Stop strings are
-    `stop_sequence` plus every sequence line, as SillyTavern's "sequences as stop strings".
+    Keys this module does not use (UI fields, `activation_regex`, ...) are ignored; a key it
+    uses with a wrong type is an error, a `null` one counts as unset. Older keys migrate as
+    SillyTavern migrates them (`separator_sequence` is `output_suffix`; `names` and
+    `names_force_groups` become `names_behavior`, "force" when neither is given). The stop
+    strings are SillyTavern's `getInstructStoppingSequences`: the lines of `stop_sequence` and of
+    every prefix, each once, whitespace-only lines left out, spaces kept, behind a newline when
+    the preset wraps; `{{name}}` is `{{user}}` in the input sequence, `{{char}}` in the output
+    ones and "System" in the system ones (`bind` fills the names).
     """
     source = str(path)
     try:
@@ -212,33 +274,40 @@ def read_preset(path: Path) -> Format:
         raise ConfigError(
             source, None, f"is {kind}: a format needs input_sequence and output_sequence (an instruct preset)"
         )
+    if "separator_sequence" in data:
+        data.setdefault("output_suffix", data["separator_sequence"])
+    if "names" in data and "names_behavior" not in data:
+        data["names_behavior"] = "always" if data["names"] else ("force" if data.get("names_force_groups") else "none")
 
     # A preset is always a text format with no BOS of its own, and SillyTavern gives every
     # message its own turn.
-    own = ("bos", "chat", "alternate", "system_placement", "system_preamble")
+    own = ("bos", "chat", "alternate", "system_placement", "system_preamble", "stop_sequence")
     wanted = [key for key in (*_STR_FIELDS, *_BOOL_FIELDS) if key not in own]
     values: dict[str, Any] = {key: data[key] for key in wanted if key in data}
     values["alternate"] = False
-    if not data.get("system_sequence"):
-        for prefix_key, suffix_key in _LEGACY_SYSTEM:
-            prefix, suffix = data.get(prefix_key, ""), data.get(suffix_key, "")
-            _expect_str(source, prefix_key, prefix)
-            _expect_str(source, suffix_key, suffix)
-            if prefix or suffix:
-                values.update(system_sequence=prefix, system_suffix=suffix, system_same_as_user=False)
-                break
+    values.setdefault("names_behavior", "force")
     if values.get("name") == "":
         del values["name"]
+    stop_sequence = data.get("stop_sequence", "")
+    _expect_str(source, "stop_sequence", stop_sequence)
     fmt = _build(source, values, default_name=path.stem, extra_stop=[])
-    sequences = [
-        fmt.input_sequence,
-        fmt.output_sequence,
-        fmt.first_output_sequence,
-        fmt.last_output_sequence,
-        "" if fmt.system_same_as_user else fmt.system_sequence,
+    return replace(fmt, stop=_instruct_stops(fmt, stop_sequence))
+
+
+def _instruct_stops(fmt: Format, stop_sequence: str) -> tuple[str, ...]:
+    """SillyTavern's instruct stop strings (see `read_preset`)."""
+    named: list[tuple[str, str]] = [
+        (stop_sequence, ""),
+        (fmt.input_sequence, "{{user}}"),
+        (fmt.output_sequence, "{{char}}"),
+        (fmt.first_output_sequence, "{{char}}"),
+        (fmt.last_output_sequence, "{{char}}"),
+        (fmt.system_sequence, "System"),
+        (fmt.last_system_sequence, "System"),
     ]
-    lines = [line.strip() for sequence in sequences for line in sequence.splitlines()]
-    return replace(fmt, stop=_unique([*fmt.stop, *lines]))
+    joined = "\n".join(_NAME.sub(name, seq) if name else seq for seq, name in named)  # names have no backslashes
+    lines = [line for line in dict.fromkeys(joined.split("\n")) if line.strip()]
+    return tuple(dict.fromkeys(("\n" if fmt.wrap else "") + line for line in lines))
 
 
 def _read(path: Path) -> str:
@@ -307,7 +376,8 @@ def turns(fmt: Format, blocks: Sequence[Block]) -> list[Block]:
     """The blocks as the format's turns: the alignment message in, system blocks folded into
     user turns where the model has no system role (the leading ones into the last user turn
     when `system_placement = "last_user"`), and consecutive turns of one role merged where
-    the model demands alternating turns (`alternate`)."""
+    the model demands alternating turns (`alternate`). A story string or preformatted text
+    (`Block.kind`) is never folded or merged."""
     out = _aligned(fmt, _checked(blocks))
     if fmt.system_same_as_user:
         out = _folded(fmt, out)
@@ -325,19 +395,21 @@ def text_pieces(fmt: Format, blocks: Sequence[Block]) -> list[str]:
     blocks = list(blocks)
     if not blocks or not blocks[-1].open:
         blocks.append(Block("assistant", "", open=True))
-    separator = "\n" if fmt.wrap else ""
     parts = [fmt.bos]
-    first_output = True
     all_turns = turns(fmt, blocks)
     if fmt.system_preamble:
         all_turns = _with_preamble(fmt, all_turns)
-    for block in all_turns:
+    chat = [i for i, b in enumerate(all_turns) if b.role != "system" and not b.kind and not b.open]
+    first = chat[0] if chat else -1
+    last_user = max((i for i in chat if all_turns[i].role == "user"), default=-1)
+    for index, block in enumerate(all_turns):
         if block.open:
-            parts.append(_open_turn(fmt, block, separator))
+            if fmt.wrap and parts[-1].endswith("\n"):
+                parts[-1] = parts[-1][:-1]  # the open turn starts on a line of its own
+            parts.append(_open_turn(fmt, block))
             continue
-        prefix, suffix = _sequences(fmt, block.role, first_output)
-        first_output = first_output and block.role != "assistant"
-        parts.append(prefix + (separator if prefix else "") + block.text + (suffix or separator))
+        position = "last" if index == last_user else "first" if index == first else ""
+        parts.append(_closed_turn(fmt, block, position, before_chat=first < 0 or index < first))
     return parts
 
 
@@ -348,7 +420,8 @@ def render_messages(fmt: Format, blocks: Sequence[Block]) -> list[dict[str, str]
     refuse a prefill that ends in whitespace, and the model writes the space itself)."""
     messages: list[dict[str, str]] = []
     for block in turns(fmt, blocks):
-        text = block.text.rstrip() if block.open else block.text
+        text = _said(fmt, block)
+        text = text.rstrip() if block.open else text
         if block.open and not text:
             continue
         messages.append({"role": block.role, "content": text})
@@ -360,6 +433,32 @@ def stop_sequences(fmt: Format, names: Sequence[str]) -> list[str]:
     return list(_unique([*fmt.stop, *(f"\n{name}:" for name in names if name.strip())]))
 
 
+def includes_name(fmt: Format, name: str, role: str) -> bool:
+    """SillyTavern's `names_behavior` for a speaker: "always" names everyone, "force" the
+    characters of a group chat (and example dialogue's user), "none" no one."""
+    if not name or role == "system":
+        return False
+    if fmt.names_behavior == "always":
+        return True
+    return fmt.names_behavior == "force" and fmt.group and name != fmt.user
+
+
+def example_text(fmt: Format, role: str, text: str) -> str:
+    """One line of example dialogue as SillyTavern's `formatInstructModeExamples` writes it:
+    the speaker named as `names_behavior` says (the user's always with "force"), the role's
+    sequences around it, `{{name}}` the speaker."""
+    name = fmt.user if role == "user" else fmt.char
+    named = includes_name(fmt, name, "assistant") or (fmt.names_behavior == "force" and role == "user")
+    return _wrapped(fmt, role, f"{name}: {text}" if named else text, name, "")
+
+
+def _said(fmt: Format, block: Block) -> str:
+    """A block's text with its speaker's name, when it carries one and the format names it."""
+    if block.name and includes_name(fmt, block.name, block.role):
+        return f"{block.name}: {block.text}" if not block.open else f"{block.name}:{block.text}"
+    return block.text
+
+
 def _checked(blocks: Sequence[Block]) -> list[Block]:
     """The blocks as a list; only the last one may be open."""
     if any(block.open for block in blocks[:-1]):
@@ -368,15 +467,16 @@ def _checked(blocks: Sequence[Block]) -> list[Block]:
 
 
 def _aligned(fmt: Format, blocks: list[Block]) -> list[Block]:
-    """Put the user alignment message before the first non-system block, if that is an
-    assistant's."""
+    """Put the user alignment message before the oldest message (the first user or assistant
+    block), if that is an assistant's; it takes the first input sequence, as SillyTavern's."""
     if not fmt.user_alignment_message:
         return blocks
     for index, block in enumerate(blocks):
-        if block.role == "system":
+        if block.role == "system" or block.kind:
             continue
         if block.role == "assistant":
-            return [*blocks[:index], Block("user", fmt.user_alignment_message), *blocks[index:]]
+            align = Block("user", fmt.user_alignment_message, name=fmt.user)
+            return [*blocks[:index], align, *blocks[index:]]
         break
     return blocks
 
@@ -385,17 +485,22 @@ def _folded(fmt: Format, blocks: list[Block]) -> list[Block]:
     """System blocks as user blocks. With `system_placement = "last_user"` the leading system
     blocks go before the text of the last user block instead (Mistral v3 and Tekken) — unless
     the chat opens with an assistant turn: then they stay its opening user turn, so that
-    turns still alternate."""
+    turns still alternate. A system prompt with sequences of its own (`_prompt_sequences`),
+    a story string and preformatted text stay as they are."""
     lead = 0
     while lead < len(blocks) and blocks[lead].role == "system":
         lead += 1
+    keep = set(range(lead)) if _prompt_sequences(fmt) is not None else set()
+    keep |= {i for i, b in enumerate(blocks) if b.kind}
     users = [i for i, b in enumerate(blocks) if b.role == "user" and i >= lead]
-    if fmt.system_placement == "last_user" and lead and users and users[0] == lead:
+    if fmt.system_placement == "last_user" and lead and not keep and users and users[0] == lead:
         last = users[-1]
         system = "\n\n".join(b.text for b in blocks[:lead])
         target = blocks[last]
-        blocks = [*blocks[lead:last], Block("user", f"{system}\n\n{target.text}", target.open), *blocks[last + 1 :]]
-    return [Block("user", b.text, b.open) if b.role == "system" else b for b in blocks]
+        merged = Block("user", f"{system}\n\n{target.text}", target.open, name=target.name)
+        blocks = [*blocks[lead:last], merged, *blocks[last + 1 :]]
+        keep = set()
+    return [replace(b, role="user") if b.role == "system" and i not in keep else b for i, b in enumerate(blocks)]
 
 
 def _with_preamble(fmt: Format, blocks: list[Block]) -> list[Block]:
@@ -406,31 +511,92 @@ def _with_preamble(fmt: Format, blocks: list[Block]) -> list[Block]:
     return [Block("system", fmt.system_preamble), *blocks]
 
 
-def _sequences(fmt: Format, role: str, first_output: bool) -> tuple[str, str]:
-    """The prefix and suffix of a closed block."""
+def _prompt_sequences(fmt: Format) -> tuple[str, str] | None:
+    """The sequences around the system prompt of a ctx template; None: a user turn (see the
+    module's notes)."""
+    if fmt.story_string_prefix or fmt.story_string_suffix:
+        return fmt.story_string_prefix, fmt.story_string_suffix
+    if fmt.system_sequence_prefix or fmt.system_sequence_suffix:
+        return fmt.system_sequence_prefix, fmt.system_sequence_suffix
+    if "system" in fmt.system_sequence.lower():
+        return fmt.system_sequence, fmt.system_suffix
+    if fmt.system_same_as_user:
+        return None
+    return "", fmt.system_suffix
+
+
+def _sequences(fmt: Format, role: str, position: str) -> tuple[str, str]:
+    """The prefix and suffix of a closed block; `position` is "first" for the oldest message,
+    "last" for the last user message."""
     if role == "system":
         return fmt.system_sequence, fmt.system_suffix
     if role == "user":
-        return fmt.input_sequence, fmt.input_suffix
-    prefix = (first_output and fmt.first_output_sequence) or fmt.output_sequence
-    return prefix, fmt.output_suffix
+        forced = {"first": fmt.first_input_sequence, "last": fmt.last_input_sequence}.get(position, "")
+        return forced or fmt.input_sequence, fmt.input_suffix
+    forced = fmt.first_output_sequence if position == "first" else ""
+    return forced or fmt.output_sequence, fmt.output_suffix
 
 
-def _open_turn(fmt: Format, block: Block, separator: str) -> str:
-    """The open block: its role's prefix (an assistant's last one), its text without trailing
-    spaces, no suffix: the models' templates and SillyTavern end on "Name:" (a trailing space
-    would be a token of its own to a BPE tokenizer, and the model writes it anyway). The
-    prefix is kept as it is, as SillyTavern keeps it."""
+def _name_filled(fmt: Format, text: str, name: str) -> str:
+    return _NAME.sub(lambda _: name or "System", text) if fmt.macro else text
+
+
+def _wrapped(fmt: Format, role: str, text: str, name: str, position: str) -> str:
+    """SillyTavern's `formatInstructModeChat`: prefix, text, suffix (a newline when the preset
+    wraps and the role has none), joined by a newline when it wraps."""
+    prefix, suffix = (_name_filled(fmt, s, name) for s in _sequences(fmt, role, position))
+    return _join(fmt, prefix, text, suffix)
+
+
+def _join(fmt: Format, prefix: str, text: str, suffix: str) -> str:
+    separator = "\n" if fmt.wrap else ""
+    suffix = suffix or separator
+    return prefix + (separator if prefix else "") + text + suffix
+
+
+def _closed_turn(fmt: Format, block: Block, position: str, before_chat: bool) -> str:
+    """One closed block with its sequences (see the module's notes for the system prompt and
+    the story string)."""
+    if block.kind == "raw":
+        return block.text
+    if block.kind == "story":
+        if not (fmt.story_string_prefix or fmt.story_string_suffix):
+            return block.text
+        separator = "\n" if fmt.wrap else ""
+        prefix = fmt.story_string_prefix + (separator if fmt.story_string_prefix else "")
+        return prefix + block.text + fmt.story_string_suffix
+    if block.role == "system" and before_chat:
+        sequences = _prompt_sequences(fmt)
+        if sequences is not None:
+            prefix, suffix = (_name_filled(fmt, s, "System") for s in sequences)
+            return _join(fmt, prefix, block.text, suffix)
+    return _wrapped(fmt, block.role, _said(fmt, block), block.name, position)
+
+
+def _open_turn(fmt: Format, block: Block) -> str:
+    """The open block, as SillyTavern's `formatInstructModePrompt`: its role's prefix (an
+    assistant's last one), then "Name:" when the format names the speaker — no trailing
+    space (a token of its own to a BPE tokenizer, and the model writes it anyway) — and no
+    suffix. With `wrap` it stands on a line of its own. When `last_output_sequence` drops the
+    trailing space `output_sequence` has (Mistral's "[/INST]" vs "[/INST] "), that space goes
+    back before the name, as SillyTavern does."""
     if block.role != "assistant":
-        prefix = _sequences(fmt, block.role, first_output=False)[0]
-        return prefix + (separator if prefix else "") + block.text.rstrip(" ")
-    prefix = fmt.last_output_sequence or fmt.output_sequence
+        prefix = _sequences(fmt, block.role, "")[0]
+    else:
+        prefix = fmt.last_output_sequence or fmt.output_sequence
+    prefix = _name_filled(fmt, prefix, block.name or fmt.char)
+    text = _said(fmt, block).rstrip(" ")
+    separator = "\n" if fmt.wrap else ""
+    if not text.strip():
+        opening = separator + prefix
+        return (opening.rstrip() if fmt.wrap else opening) + separator + text.strip(" ")
     filler = ""
     if (
-        block.text.strip()
+        block.role == "assistant"
         and fmt.last_output_sequence
         and fmt.output_sequence[-1:].isspace()
         and not fmt.last_output_sequence[-1:].isspace()
     ):
         filler = fmt.output_sequence[-1]
-    return prefix + (separator if prefix else "") + filler + block.text.rstrip(" ")
+    opening = separator + prefix + (separator if prefix else "") + filler + text
+    return opening.rstrip() if fmt.wrap else opening

@@ -21,7 +21,16 @@ in-chat position from seed 003 (newer SillyTavern):
 - Messages read `Name: text` (a system message without a name, just its text). Without an
   instruct format ("instruct mode off"), every line ends with a newline and, with
   `always_force_name2`, the prompt ends `Char:` (no trailing space), as SillyTavern's
-  "always add character name"; with an instruct format, the format wraps the blocks.
+  "always add character name".
+- With an instruct format (a text format with sequences: SillyTavern's "instruct mode") the
+  prompt is SillyTavern's whole prompt: the story string as it is (`kind == "story"`: a
+  format wraps it only with its `story_string_prefix/suffix`, which 1.12.6 does not have —
+  its context presets carry the model's markup), `{{system}}` wrapped with the format's
+  `system_sequence_prefix/suffix` (1.12.6's `formatInstructModeSystemPrompt`), the example
+  dialogue split into messages and wrapped in the format's input and output sequences
+  (`formatInstructModeExamples`; as they are with `skip_examples`), the chat start as it is,
+  then each message a block that carries its speaker (`Block.name`), so the format decides
+  the names (`names_behavior`), the first and last sequences and the open turn.
 - `story_string_position`: 0 (default) puts the story string first, as a system block of
   kind "story" (a format may wrap it with its story-string sequences); 1 ("in chat @ depth")
   puts it among the messages, `story_string_depth` messages before the end, as a block of
@@ -40,6 +49,7 @@ from typing import Any
 
 from .blocks import Block
 from .errors import ConfigError, TemplateError
+from .formats import Format, bind, example_text
 from .hbs import Template
 from .model import Role
 
@@ -59,6 +69,7 @@ ROLES: tuple[Role, ...] = ("system", "user", "assistant")
 # newlines leaves SillyTavern's own (Alpaca's story string ends in a blank line).
 _END = "\ue011"
 _START_TAG = re.compile(r"<START>", re.IGNORECASE)
+_START_LINE = re.compile(r"<START>\n", re.IGNORECASE)
 
 # Keys of the other SillyTavern JSON files, for a one-line "this is X, use Y" error.
 _CARD_KEYS = {"first_mes", "mes_example", "char_name", "char_persona"}
@@ -207,15 +218,18 @@ class PresetTemplate:
     instruct: bool = False
     wrap: bool = False
     chat: bool = False
+    format: Format | None = None  # the instruct format, when instruct
 
     @property
     def name(self) -> str:
         return self.story.name
 
-    def for_format(self, *, instruct: bool, wrap: bool, chat: bool = False) -> PresetTemplate:
+    def for_format(
+        self, *, instruct: bool, wrap: bool, chat: bool = False, fmt: Format | None = None
+    ) -> PresetTemplate:
         """The template as it renders for a format: instruct (sequences), chat messages, or
         plain text (SillyTavern with instruct mode off: one line per message)."""
-        return replace(self, instruct=instruct, wrap=wrap, chat=chat)
+        return replace(self, instruct=instruct, wrap=wrap, chat=chat, format=fmt if instruct else None)
 
     @property
     def plain(self) -> bool:
@@ -223,9 +237,14 @@ class PresetTemplate:
 
     def params(self, variables: Mapping[str, Any]) -> dict[str, Any]:
         """Seed 003's story-string parameters from the template variables."""
-        raw = example_blocks(str(variables.get("exampleDialogue", "")), self._separator(variables), self.instruct)
+        dialogue = str(variables.get("exampleDialogue", ""))
+        raw = example_blocks(dialogue, self._separator(variables), self.instruct)
         params = {key: variables.get(key, "") for key in _STORY_KEYS}
         params["mesExamples"] = params["mesExamplesRaw"] = "".join(raw)
+        if self.instruct and self.format is not None:
+            fmt = bind(self.format, str(variables.get("user", "")), str(variables.get("char", "")), self.format.group)
+            params["mesExamples"] = instruct_examples(fmt, dialogue, raw, self._separator(variables))
+            params["system"] = system_prompt(fmt, str(params["system"] or ""))
         return params
 
     def _separator(self, variables: Mapping[str, Any]) -> str:
@@ -249,6 +268,11 @@ class PresetTemplate:
             text = (story if preset.story_string_position == IN_PROMPT else "") + examples + chat_start
             if text:
                 head.append(Block("system", text, kind="story"))
+        elif self.instruct:
+            if story and preset.story_string_position == IN_PROMPT:
+                head.append(Block("system", story, kind="story"))
+            if examples + chat_start:
+                head.append(Block("system", examples + chat_start, kind="raw"))
         else:
             if story and preset.story_string_position == IN_PROMPT:
                 head.append(Block("system", story.rstrip("\n"), kind="story"))
@@ -259,10 +283,12 @@ class PresetTemplate:
         if story and preset.story_string_position == IN_CHAT:
             at = max(0, len(turns) - preset.story_string_depth)
             role = ROLES[preset.story_string_role]
-            turns.insert(at, Block(role, story if plain else story.rstrip("\n")))
+            turns.insert(at, Block(role, story if plain or self.instruct else story.rstrip("\n")))
         if opening is None:
             return head + turns
         mark = str(opening.get("message", ""))
+        if self.instruct:
+            return [*head, *turns, Block("assistant", mark, name=str(opening.get("name", "")))]
         if plain and not preset.always_force_name2:
             if turns and turns[-1].text.endswith("\n"):
                 turns[-1] = Block(turns[-1].role, turns[-1].text[:-1], kind=turns[-1].kind)
@@ -283,6 +309,8 @@ class PresetTemplate:
             text, role = message, "system"
         else:
             role = str(entry.get("role", "system"))
+            if self.instruct and role != "system":
+                return Block(_role(role), message, name=name)  # the format names the speaker
             text = f"{name}: {message}" if name and role != "system" else message
         return Block(_role(role), text + ("\n" if self.plain else ""))
 
@@ -317,6 +345,64 @@ def _fill(variables: Mapping[str, Any], text: str) -> str:
     return Names(str(variables.get("char", "")), str(variables.get("user", ""))).fill(text)
 
 
+def system_prompt(fmt: Format, system: str) -> str:
+    """`{{system}}` in instruct mode: wrapped with `system_sequence_prefix/suffix`, joined by
+    a newline when the format wraps (SillyTavern 1.12.6's `formatInstructModeSystemPrompt`; an
+    empty system prompt stays empty)."""
+    if not system:
+        return system
+    separator = "\n" if fmt.wrap else ""
+    if fmt.system_sequence_prefix:
+        prefix = fmt.system_sequence_prefix
+        system = (
+            (re.sub(r"\{\{name\}\}", "System", prefix, flags=re.IGNORECASE) if fmt.macro else prefix)
+            + separator
+            + system
+        )
+    if fmt.system_sequence_suffix:
+        system = system + separator + fmt.system_sequence_suffix
+    return system
+
+
+def example_messages(body: str, user: str, char: str) -> list[tuple[str, str]]:
+    """One block of example dialogue as (role, text) messages: a line that starts `User:` or
+    `Char:` starts a message, other lines continue it; lines before the first speaker go with
+    the first message; the speaker's `Name:` is taken off the front."""
+    messages: list[tuple[str, str]] = []
+    lines: list[str] = []
+    speaker: tuple[str, str] | None = None  # (role, name)
+    for line in body.split("\n"):
+        starts = "user" if line.startswith(f"{user}:") else "assistant" if line.startswith(f"{char}:") else None
+        if starts is not None and speaker is not None and starts != speaker[0]:
+            messages.append((speaker[0], "\n".join(lines).replace(f"{speaker[1]}:", "", 1).strip()))
+            lines = []
+        if starts is not None and (speaker is None or starts != speaker[0]):
+            speaker = (starts, user if starts == "user" else char)
+        lines.append(line)
+    if speaker is not None:
+        messages.append((speaker[0], "\n".join(lines).replace(f"{speaker[1]}:", "", 1).strip()))
+    return messages
+
+
+def instruct_examples(fmt: Format, dialogue: str, raw: Sequence[str], separator: str) -> str:
+    """`{{mesExamples}}` in instruct mode (SillyTavern's `formatInstructModeExamples`): each
+    block headed by the example separator (when there is one), each message wrapped in the
+    format's input or output sequences; with `skip_examples`, or when no block has a message,
+    the blocks as they are, the separator in place of `<START>`."""
+    heading = f"{separator}\n" if separator else ""
+    unformatted = "".join(_START_LINE.sub(lambda _: heading, block, count=1) for block in raw)
+    if fmt.skip_examples:
+        return unformatted
+    out: list[str] = []
+    for block in raw:
+        body = block.split("\n", 1)[1] if "\n" in block else ""
+        messages = example_messages(body.replace("\r", ""), fmt.user, fmt.char)
+        if messages:
+            out.append(heading)
+            out.extend(example_text(fmt, role, text) for role, text in messages)
+    return "".join(out) if out else unformatted
+
+
 def is_instruct(input_sequence: str, output_sequence: str, system_sequence: str, chat: bool) -> bool:
     """SillyTavern's "instruct mode": a text format with sequences."""
     return not chat and bool(input_sequence or output_sequence or system_sequence)
@@ -327,4 +413,4 @@ def for_format(template: Any, fmt: Any) -> Any:
     if not isinstance(template, PresetTemplate):
         return template
     instruct = is_instruct(fmt.input_sequence, fmt.output_sequence, fmt.system_sequence, fmt.chat)
-    return template.for_format(instruct=instruct, wrap=bool(fmt.wrap), chat=bool(fmt.chat))
+    return template.for_format(instruct=instruct, wrap=bool(fmt.wrap), chat=bool(fmt.chat), fmt=fmt)

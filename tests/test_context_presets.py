@@ -189,9 +189,10 @@ def test_in_chat_position_puts_the_story_string_at_depth_with_its_role() -> None
     texts = [b.text for b in blocks]
     at = texts.index("STORY")
     assert blocks[at].role == "user" and blocks[at].kind == ""
-    assert texts[at + 1 : at + 3] == [
-        'Ilya: "An hour. Maybe less." *He unties the rope.*',
-        "Wren: Then let's not waste it.",
+    # In instruct mode a message carries its speaker; the format writes the name.
+    assert [(b.name, b.text) for b in blocks[at + 1 : at + 3]] == [
+        ("Ilya", '"An hour. Maybe less." *He unties the rope.*'),
+        ("Wren", "Then let's not waste it."),
     ]
     default = _render(ContextPreset("p", story_string="STORY", chat_start=""), instruct=True)
     assert default[0] == Block("system", "STORY", kind="story")

@@ -184,7 +184,8 @@ def test_chat_is_the_only_chat_format() -> None:
 def test_wrap_puts_a_newline_after_the_prefix_and_in_place_of_a_missing_suffix() -> None:
     fmt = Format("w", wrap=True, input_sequence="U:", input_suffix="", output_sequence="A:", output_suffix="|")
     blocks = [Block("user", "hi"), Block("assistant", "yo"), Block("assistant", "", open=True)]
-    assert render_text(fmt, blocks) == "U:\nhi\nA:\nyo|A:\n"
+    # The open turn stands on a line of its own, as SillyTavern's formatInstructModePrompt puts it.
+    assert render_text(fmt, blocks) == "U:\nhi\nA:\nyo|\nA:\n"
 
 
 def test_first_and_last_output_sequences() -> None:
@@ -323,10 +324,25 @@ def test_chatml_preset_renders_like_the_shipped_chatml() -> None:
     assert render_text(preset, CONVERSATION) == EXPECTED["chatml"]
 
 
-def test_gemma_preset_folds_system_into_user_like_the_shipped_gemma() -> None:
+def test_gemma_preset_gives_the_system_prompt_its_own_system_sequence() -> None:
+    """A ctx template's system prompt takes a preset's system sequence when it names the
+    system role, `system_same_as_user` or not (Llama 3's own header); for Gemma 2 that is its
+    `<start_of_turn>system` (SillyTavern's Gemma 2 context preset writes a user turn instead:
+    give it to --template, or use --format gemma, the model's own template)."""
     preset = load_format(str(FIXTURES / "sillytavern" / "instruct" / "gemma-2.json"), [])
     assert preset.system_same_as_user
-    assert render_text(preset, CONVERSATION) == EXPECTED["gemma"].removeprefix("<bos>")
+    shipped = EXPECTED["gemma"].removeprefix("<bos>")
+    assert render_text(preset, CONVERSATION) == shipped.replace(
+        "<start_of_turn>user\nYou", "<start_of_turn>system\nYou"
+    )
+
+
+def test_llama3_preset_gives_the_system_prompt_its_own_header_alpaca_no_input() -> None:
+    llama = load_format(str(FIXTURES / "sillytavern" / "instruct" / "llama-3-instruct.json"), [])
+    assert render_text(llama, CONVERSATION) == EXPECTED["llama3"].removeprefix("<|begin_of_text|>")
+    alpaca = load_format(str(FIXTURES / "sillytavern" / "instruct" / "alpaca.json"), [])
+    text = render_text(alpaca, CONVERSATION)
+    assert text.startswith(SYSTEM + "\n\n### Response:\n") and "### Input:" not in text
 
 
 def test_mistral_preset_aligns_and_puts_the_space_back_before_the_name() -> None:
@@ -354,7 +370,10 @@ def test_legacy_system_prefix_wraps_system_blocks() -> None:
 
 def test_preset_stop_strings_are_its_stop_sequence_and_its_sequences() -> None:
     preset = load_format(str(FIXTURES / "sillytavern" / "instruct" / "alpaca.json"), [])
-    assert preset.stop == ("### Instruction:", "### Response:", "### Input:")
+    # SillyTavern's getInstructStoppingSequences: behind a newline when the preset wraps.
+    assert preset.stop == ("\n### Instruction:", "\n### Response:", "\n### Input:")
+    vicuna = load_format(str(FIXTURES / "sillytavern" / "instruct" / "vicuna-1-1.json"), [])
+    assert vicuna.stop == ("USER: ", "ASSISTANT: ")  # trailing spaces kept, blank lines left out
 
 
 def test_preset_ignores_unknown_keys_but_not_wrong_types(tmp_path: Path) -> None:
