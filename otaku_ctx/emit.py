@@ -46,9 +46,13 @@ class PromptRenderer:
         self.format = bind(self.format, names.user, names.char, group=len(characters) > 1)
         self.template = bind_preset(self.template, self.format)
 
-    def render(self, head: Sequence[Part], recap: Sequence[Part], tail: Sequence[Part]) -> list[Block]:
-        """Role blocks; the last is open when it holds the open turn (see `Variables.open_turn`)."""
-        blocks = self.template.render(self.variables.for_assembly(head, recap, tail), self.bound)
+    def render(
+        self, head: Sequence[Part], recap: Sequence[Part], tail: Sequence[Part], *, anchored: bool = True
+    ) -> list[Block]:
+        """Role blocks; the last is open when it holds the open turn (see `Variables.open_turn`).
+        `anchored=False`: without what stands at a depth from the end (`Variables.for_assembly`)."""
+        variables = self.variables.for_assembly(head, recap, tail, anchored=anchored)
+        blocks = self.template.render(variables, self.bound)
         out = [replace(b, text=b.text.replace(OPEN_MARK, "")) if OPEN_MARK in b.text else b for b in blocks]
         if out and OPEN_MARK in blocks[-1].text and out[-1].role == "assistant":
             out[-1] = replace(out[-1], open=True)

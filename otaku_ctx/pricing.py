@@ -57,11 +57,13 @@ class TemplatePricer:
         self._shapes: dict[tuple[Any, ...], tuple[list[str], list[str]] | None] = {}
 
     def rendered_pieces(self, head: Sequence[Part], recap: Sequence[Part], tail: Sequence[Part]) -> list[str]:
-        """The pieces of a render, kept: a price renders the same stand-ins again and again."""
+        """The pieces of a stand-in render, kept: a price renders the same stand-ins again and
+        again. Without what stands at a depth from the end (lore at a depth, the reminder),
+        which a short stand-in chat would move next to the part: their cost is `fixed()`'s."""
         key = (tuple(head), tuple(recap), tuple(tail))
         found = self._renders.get(key)
         if found is None:
-            found = self._renders[key] = self.pieces(self.renderer.render(head, recap, tail))
+            found = self._renders[key] = self.pieces(self.renderer.render(head, recap, tail, anchored=False))
         return found
 
     def pieces(self, blocks: Sequence[Block]) -> list[str]:
@@ -77,12 +79,6 @@ class TemplatePricer:
         """Tokens of the emitted prompt for these blocks, as the sum of its pieces."""
         priming = REPLY_PRIMING if self.renderer.chat_counted else 0
         return sum(self.piece_cost(p) for p in self.pieces(blocks)) + priming
-
-    def delta(self, before: Sequence[Block], after: Sequence[Block]) -> int:
-        """What `after` adds to `before`, counting only the pieces that differ."""
-        old, new = self.pieces(before), self.pieces(after)
-        start, end_old, end_new = _difference(old, new)
-        return self.region(new, start, end_new) - self.region(old, start, end_old)
 
     def region(self, pieces: list[str], start: int, end: int) -> int:
         """Tokens of pieces[start:end] where they stand. In a text prompt, a piece is counted
@@ -177,8 +173,7 @@ class TemplatePricer:
         cached = self._cache.get(key)
         if cached is None:
             before = [_PROBES[after]] if after else []
-            render = self.renderer.render
-            first = self.delta(render(before, [], []), render(before, [_PROBE_RECAP], []))
+            first = self._price(self.rendered_pieces(before, [], []), self.rendered_pieces(before, [_PROBE_RECAP], []))
             cached = self._cache[key] = first - self.recap_part(_PROBE_RECAP_2)
         return cached
 

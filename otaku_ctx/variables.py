@@ -18,6 +18,9 @@ from .model import LORE_ROLES, Card, Story
 from .names import Names
 from .presets import DEFAULT_EXAMPLE_SEPARATOR, example_blocks
 
+# What `postHistory` is in a render that leaves out the anchored parts: nothing to place.
+_NO_POST_HISTORY: dict[str, Any] = {"targetIndex": -1, "hasContent": False, "hasLoreNote": False}
+
 # The open turn's `message`: private-use characters around a per-run nonce, which story text
 # (data read from a file) cannot predict.
 OPEN_MARK = f"\ue000open-{secrets.token_hex(8)}\ue001"
@@ -192,8 +195,13 @@ class Variables:
         return {"role": "assistant", "name": speaker, "message": OPEN_MARK, "kind": "open", "number": None,
                 "scene": None, "title": ""}  # fmt: skip
 
-    def for_assembly(self, head: Sequence[Part], recap: Sequence[Part], tail: Sequence[Part]) -> dict[str, Any]:
-        """Every variable, for the given sections (see docs/templates.md)."""
+    def for_assembly(
+        self, head: Sequence[Part], recap: Sequence[Part], tail: Sequence[Part], *, anchored: bool = True
+    ) -> dict[str, Any]:
+        """Every variable, for the given sections (see docs/templates.md). `anchored=False`
+        leaves out what stands at a distance from the end of the chat (lore at a depth, the
+        post-history reminder): the pricer's stand-in chats are short, so those would land
+        elsewhere than in the prompt; their cost is in the frame's."""
         head_e = [self.entry(p) for p in head]
         recap_e = [self.entry(p) for p in recap]
         tail_e = [self.entry(p) for p in tail]
@@ -201,7 +209,7 @@ class Variables:
         # Position 4: `depth` messages from the end, never above the tail's first message.
         # (With no recap, head and tail are one run of the chat, and the whole of it counts.)
         top = len(head_e) + len(recap_e) if recap_e else 0
-        for depth, role, text in self.lore_depth:
+        for depth, role, text in self.lore_depth if anchored else ():
             at = max(top, len(chat) - depth)
             chat.insert(at, {"role": role, "name": "", "message": text, "kind": "lore", "number": None,
                              "scene": None, "title": ""})  # fmt: skip
@@ -232,7 +240,7 @@ class Variables:
                 "summaries": summaries,
                 "chatMessages": chat,
                 "history": json.dumps(recap_list, ensure_ascii=False, indent=2) if recap_list else "",
-                "postHistory": self.post_history(len(chat)),
+                "postHistory": self.post_history(len(chat)) if anchored else _NO_POST_HISTORY,
             }
         )
         return variables
