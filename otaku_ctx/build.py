@@ -14,7 +14,6 @@ from typing import Any
 
 from .assembler import Assembly, Policy, Shape, assemble
 from .blocks import Block
-from .cards import add_cards, read_card
 from .config import Settings, otaku_home
 from .emit import EMITS, PromptRenderer
 from .emit import _sections as sections_of
@@ -27,7 +26,6 @@ from .names import ResolvedNames, resolve_names
 from .presets import for_format as bind_preset
 from .pricing import TemplatePricer
 from .readers import read_story
-from .readers.worldinfo import read_world_info
 from .tokens import TokenCounter, make_counter
 from .variables import OPEN_MARK, Variables
 
@@ -105,6 +103,8 @@ def open_story(
     file as a card message at the start."""
     story = read_story(path, source_format, conversation)
     if cards:
+        from .cards import add_cards, read_card
+
         story = add_cards(story, [read_card(card) for card in cards])
     return story
 
@@ -151,6 +151,8 @@ def _usage_if_unknown(settings: Settings, key: str, name: str) -> Iterator[None]
 def lore_entries(story: Story, settings: Settings) -> tuple[LoreEntry, ...]:
     """Every World Info entry in play: the story's own lore lines, the `[lore] files` (or
     `--lore`), and the lorebooks of the story's cards (bound to their characters)."""
+    from .readers.worldinfo import read_world_info
+
     books = tuple(e for f in settings.lore.files for e in read_world_info(Path(f)))
     cards = [m.card for m in story.cards if m.card] + list(story.info.cast)
     return story.world + books + tuple(e for card in cards for e in card.book)

@@ -36,12 +36,13 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Literal
-
-import regex
+from typing import TYPE_CHECKING, Literal
 
 from .config import LoreSettings
 from .model import LORE_POSITIONS, LORE_ROLES, SELECTIVE_LOGICS, LoreEntry
+
+if TYPE_CHECKING:
+    import regex
 
 Engine = Literal["keyword", "sillytavern"]
 ENGINES: tuple[str, ...] = ("keyword", "sillytavern")
@@ -199,6 +200,8 @@ def regex_key(key: str) -> regex.Pattern[str] | None:
     match = _REGEX_KEY.match(key)
     if not match or re.search(r"(^|[^\\])/", match.group(1)):
         return None
+    import regex  # only a lorebook with regex keys needs it
+
     pattern, letters = match.group(1).replace("\\/", "/", 1), match.group(2)
     flags = regex.V0
     flags |= regex.IGNORECASE if "i" in letters else 0

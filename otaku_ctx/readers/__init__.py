@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +28,15 @@ from ..errors import StoryError
 from ..files import reading
 from ..model import Story
 from .native import Problem, check_native, read_native
-from .neighbours import read_finetune, read_sharegpt
-from .openai import read_openai
-from .otaku import read_otaku
-from .sillytavern import read_sillytavern
 
-READERS: dict[str, Callable[[Path], Story]] = {
-    "native": read_native,
-    "openai": read_openai,
-    "sillytavern": read_sillytavern,
-    "otaku": read_otaku,
-    "sharegpt": read_sharegpt,
-    "finetune": read_finetune,
+# name → (module, function); a reader's module is imported only when a file needs it.
+READERS: dict[str, tuple[str, str]] = {
+    "native": ("native", "read_native"),
+    "openai": ("openai", "read_openai"),
+    "sillytavern": ("sillytavern", "read_sillytavern"),
+    "otaku": ("otaku", "read_otaku"),
+    "sharegpt": ("neighbours", "read_sharegpt"),
+    "finetune": ("neighbours", "read_finetune"),
 }
 MANY = ("sharegpt", "finetune")  # the formats holding many conversations (--conversation N)
 
@@ -57,11 +55,12 @@ def read_story(path: Path | str, source_format: str | None = None, conversation:
     (1-based) picks one conversation of a file that holds many."""
     path = Path(path)
     name = source_format or detect_format(path)
-    reader = READERS.get(name)
-    if reader is None:
+    home = READERS.get(name)
+    if home is None:
         raise StoryError(path, None, f"unknown story format {name!r}; expected one of {', '.join(READERS)}")
+    reader: Callable[..., Story] = getattr(import_module(f".{home[0]}", __name__), home[1])
     if name in MANY:
-        return reader(path, conversation)  # type: ignore[call-arg]
+        return reader(path, conversation)
     if conversation is not None:
         raise StoryError(path, None, f"is a {name} story, which holds one conversation; leave out --conversation")
     return reader(path)
@@ -158,7 +157,7 @@ def _what_it_is(obj: dict[str, Any]) -> str:
     if _looks_like_card(obj):
         return "a character card (give it with --card)"
     if isinstance(obj.get("entries"), dict):
-        return "a World Info lorebook (ctx does not read lorebooks as stories)"
+        return "a World Info lorebook (give it with --lore)"
     if "data_visible" in obj:
         return "an oobabooga chat (import it into SillyTavern and use the chat it saves)"
     if "histories" in obj:
@@ -188,8 +187,6 @@ __all__ = [
     "READERS",
     "check_native",
     "detect_format",
-    "read_finetune",
     "read_native",
-    "read_sharegpt",
     "read_story",
 ]

@@ -14,8 +14,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import regex
-
 from ..errors import StoryError
 from ..files import reading
 from ..lore import regex_key
@@ -50,6 +48,8 @@ class _Fields:
         if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
             raise self.wrong(name, "a list of text or one comma-separated text")
         for key in value:
+            import regex  # a lorebook is being read: its /pattern/ keys are checked here
+
             try:
                 regex_key(key)
             except regex.error as exc:
