@@ -376,3 +376,12 @@ def test_otaku_scene_beyond_the_messages(tmp_path: Path) -> None:
 def test_openai_empty_array(tmp_path: Path) -> None:
     error = raises_story_error(write(tmp_path / "empty.json", "[\n]\n"), line=2)
     assert "empty" in error.message
+
+
+def test_a_legacy_tavernai_chat_reads_as_the_sillytavern_chat_it_is() -> None:
+    """SillyTavern forked TavernAI and imports its chats unchanged; ctx reads them the same way."""
+    path = FIXTURES / "neighbours" / "tavernai-legacy.jsonl"
+    assert detect_format(path) == "sillytavern"
+    story = read_story(path)
+    assert [(m.role, m.name) for m in story.messages] == [("assistant", "Aqua"), ("user", "You"), ("assistant", "Aqua")]
+    assert story.messages[2].content == "Of course! I blessed it myself."
