@@ -70,6 +70,7 @@ def render_cmd(
 
 def _read_vars(path: Path) -> dict[str, Any]:
     from .errors import ConfigError
+    from .readers.jsonload import JSONProblem, loads
 
     where = str(path)
     try:
@@ -79,13 +80,10 @@ def _read_vars(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(where, None, f"cannot read the variables: {exc}") from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{where}:{exc.lineno}:{exc.colno}", None, f"not valid JSON ({exc.msg}): fix the file"
-        ) from None
-    except RecursionError:
-        raise ConfigError(where, None, "the JSON nests too deeply") from None
+        data = loads(text)
+    except JSONProblem as exc:
+        at = f"{where}:{exc.line}:{exc.column}" if exc.column else where
+        raise ConfigError(at, None, f"not valid JSON ({exc.message}): fix the file") from None
     if not isinstance(data, dict):
         raise ConfigError(where, None, f"the variables must be a JSON object ({{...}}), not {type(data).__name__}")
     return data

@@ -94,7 +94,6 @@ How a text prompt is built (`render_text`), and the decisions a user should know
 
 from __future__ import annotations
 
-import json
 import re
 import tomllib
 from collections.abc import Sequence
@@ -104,6 +103,7 @@ from typing import Any
 
 from .blocks import Block
 from .errors import ConfigError
+from .readers.jsonload import JSONProblem, loads
 
 NAMES_BEHAVIORS = ("none", "force", "always")
 SYSTEM_PLACEMENTS = ("in_place", "last_user")
@@ -263,9 +263,9 @@ def read_preset(path: Path) -> Format:
     """
     source = str(path)
     try:
-        data = json.loads(_read(path))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(source, None, f"not valid JSON: {exc}") from None
+        data = loads(_read(path))
+    except JSONProblem as exc:
+        raise ConfigError(source, None, f"not valid JSON (line {exc.line}): {exc.message}") from None
     if not isinstance(data, dict):
         raise ConfigError(source, None, "expected a JSON object (a SillyTavern instruct preset)")
     data = {key: value for key, value in data.items() if value is not None}

@@ -40,7 +40,6 @@ in-chat position from seed 003 (newer SillyTavern):
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -52,6 +51,7 @@ from .errors import ConfigError, TemplateError
 from .formats import Format, bind, example_text
 from .hbs import Template
 from .model import Role
+from .readers.jsonload import JSONProblem, loads
 
 # SillyTavern's own defaults (power-user.js at ba6f7b7a).
 DEFAULT_STORY_STRING = (
@@ -160,9 +160,9 @@ def read_context_preset(path: Path) -> ContextPreset:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(source, None, f"cannot read the preset: {exc}") from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(source, None, f"not valid JSON (line {exc.lineno}): {exc.msg}") from None
+        data = loads(text)
+    except JSONProblem as exc:
+        raise ConfigError(source, None, f"not valid JSON (line {exc.line}): {exc.message}") from None
     return parse_context_preset(data, source)
 
 

@@ -361,3 +361,21 @@ def test_the_persona_list_holds_each_name_once(tmp_path):
     assert status == 0
     personas = json.loads(json.loads(out)["personas"])
     assert [p["name"] for p in personas] == ["Mara", "Wren"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "name", "text"),
+    [
+        (["build", CASE3, "--template"], "preset.json", "[" * 5000 + "]" * 5000),
+        (["build", CASE3, "--format"], "instruct.json", "[" * 5000 + "]" * 5000),
+        (["build"], "sharegpt.json", '{"conversations": ' + "[" * 5000 + "]" * 5000 + "}"),
+        (["build"], "finetune.jsonl", '{"messages": ' + "[" * 5000 + "]" * 5000 + "}\n"),
+    ],
+)
+def test_json_nested_past_reason_is_one_line_anywhere(tmp_path, argv, name, text):
+    """Presets, formats and conversation files decode through the one guarded decoder."""
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    status, out, err = ctx(*argv, path)
+    assert status == ExitStatus.ERROR and out == "" and err.count("\n") == 1
+    assert "nested more than about a thousand levels" in err and "Traceback" not in err

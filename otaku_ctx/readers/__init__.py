@@ -18,7 +18,6 @@ converts on import.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from importlib import import_module
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 from ..errors import StoryError
 from ..files import reading
 from ..model import Story
+from .jsonload import JSONProblem, loads
 from .native import Problem, check_native, read_native
 
 # name → (module, function); a reader's module is imported only when a file needs it.
@@ -110,8 +110,8 @@ def _json_lines_format(path: Path, head: str) -> str:
     """Native or SillyTavern, by the first non-blank line; a card or other JSON is refused."""
     first = _first_line(path)
     try:
-        obj: Any = json.loads(first)
-    except json.JSONDecodeError:
+        obj: Any = loads(first)
+    except JSONProblem:
         whole = _whole_json(head) if len(head.encode("utf-8")) < SNIFF_BYTES else None
         if isinstance(whole, dict):
             if "conversations" in whole:
@@ -147,8 +147,8 @@ def _first_line(path: Path) -> str:
 
 def _whole_json(text: str) -> Any:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+        return loads(text)
+    except JSONProblem:
         return None
 
 

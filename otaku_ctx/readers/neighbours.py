@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import StoryError
 from ..model import Story
+from .jsonload import JSONProblem, loads
 from .native import _lines, parse_lines
 
 # ShareGPT `from` values as the datasets write them -> roles.
@@ -89,13 +90,9 @@ def _conversations(path: Path, key: str) -> list[tuple[int, dict[str, Any]]]:
     start = next((n for n, t in lines if t.strip()), 1)
     if text.lstrip().startswith("[") or not _jsonl(lines):
         try:
-            whole = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise StoryError(
-                path, exc.lineno, f"malformed JSON at column {exc.colno}: {exc.msg} (is the file cut short?)"
-            ) from None
-        except RecursionError:
-            raise StoryError(path, start, "JSON nested too deeply") from None
+            whole = loads(text)
+        except JSONProblem as exc:
+            raise StoryError(path, exc.line if exc.column else start, _hinted(exc, "file")) from None
         items = whole if isinstance(whole, list) else [whole]
         found = [(start, item) for item in items]
     else:
@@ -104,13 +101,9 @@ def _conversations(path: Path, key: str) -> list[tuple[int, dict[str, Any]]]:
             if not line.strip():
                 continue
             try:
-                found.append((number, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise StoryError(
-                    path, number, f"malformed JSON at column {exc.pos + 1}: {exc.msg} (is the line cut short?)"
-                ) from None
-            except RecursionError:
-                raise StoryError(path, number, "JSON nested too deeply") from None
+                found.append((number, loads(line)))
+            except JSONProblem as exc:
+                raise StoryError(path, number, _hinted(exc, "line")) from None
     for number, item in found:
         if not isinstance(item, dict) or key not in item:
             raise StoryError(path, number, f'expected a conversation object with "{key}"')
@@ -119,11 +112,17 @@ def _conversations(path: Path, key: str) -> list[tuple[int, dict[str, Any]]]:
     return found
 
 
+def _hinted(problem: JSONProblem, what: str) -> str:
+    """The decoder's words, with the likely cause of malformed JSON in a conversation file."""
+    cut = problem.message.startswith("malformed JSON")
+    return f"{problem.message} (is the {what} cut short?)" if cut else problem.message
+
+
 def _jsonl(lines: list[tuple[int, str]]) -> bool:
     first = next((t for _, t in lines if t.strip()), "")
     try:
-        json.loads(first)
-    except (json.JSONDecodeError, RecursionError):
+        loads(first)
+    except JSONProblem:
         return False
     return True
 
