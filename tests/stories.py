@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import struct
+import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -71,3 +73,15 @@ def to_records(s: Story) -> list[dict[str, Any]]:
             rec["history"] = sc.history
         records.append(rec)
     return records
+
+
+def chunk(kind: bytes, body: bytes) -> bytes:
+    """One PNG chunk: length, kind, body and CRC."""
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def png(*chunks: bytes) -> bytes:
+    """A minimal 1×1 PNG with the given chunks before IEND."""
+    header = chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
+    pixels = chunk(b"IDAT", zlib.compress(b"\x00\x00"))
+    return b"\x89PNG\r\n\x1a\n" + header + pixels + b"".join(chunks) + chunk(b"IEND", b"")

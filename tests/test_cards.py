@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
-import struct
 import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import FIXTURES
+from stories import chunk, png
 
 from otaku_ctx.cards import add_cards, read_card
 from otaku_ctx.errors import StoryError
@@ -46,17 +46,6 @@ ILYA = Card(
     creator_notes="Made for tests.",
     tags=("fantasy", "mystery"),
 )
-
-
-def chunk(kind: bytes, body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-
-def png(*chunks: bytes) -> bytes:
-    """A minimal 1×1 PNG with the given chunks before IEND."""
-    header = chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
-    pixels = chunk(b"IDAT", zlib.compress(b"\x00\x00"))
-    return b"\x89PNG\r\n\x1a\n" + header + pixels + b"".join(chunks) + chunk(b"IEND", b"")
 
 
 def text_chunk(keyword: str, card: dict[str, Any]) -> bytes:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import base64
 import json
 import random
-import struct
 import zlib
 from pathlib import Path
 
 import pytest
 import tiktoken
+from stories import chunk, png
 
 from otaku_ctx import cards, tokens
 from otaku_ctx.cards import read_card
@@ -161,16 +161,6 @@ def test_sillytavern_rows_use_the_safe_decoder(tmp_path: Path) -> None:
 # -- cards: bounded inflation and decoding -------------------------------------------------
 
 
-def chunk(kind: bytes, body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-
-def png(*chunks: bytes) -> bytes:
-    header = chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
-    pixels = chunk(b"IDAT", zlib.compress(b"\x00\x00"))
-    return b"\x89PNG\r\n\x1a\n" + header + pixels + b"".join(chunks) + chunk(b"IEND", b"")
-
-
 @pytest.fixture
 def small_limit(monkeypatch: pytest.MonkeyPatch) -> int:
     """A 64 KiB card limit, so a bomb that beats it is small enough for a test."""
@@ -178,18 +168,11 @@ def small_limit(monkeypatch: pytest.MonkeyPatch) -> int:
     return 64 * 1024
 
 
-def test_a_ztxt_bomb_stops_at_the_limit(tmp_path: Path, small_limit: int) -> None:
+@pytest.mark.parametrize(("kind", "head"), [(b"zTXt", b"chara\0\0"), (b"iTXt", b"chara\0\x01\0\0\0")])
+def test_a_compressed_text_bomb_stops_at_the_limit(tmp_path: Path, small_limit: int, kind: bytes, head: bytes) -> None:
     bomb = zlib.compress(b"A" * (small_limit * 16), 9)
     path = tmp_path / "bomb.png"
-    path.write_bytes(png(chunk(b"zTXt", b"chara\0\0" + bomb)))
-    with pytest.raises(StoryError, match="inflates to more than"):
-        read_card(path)
-
-
-def test_an_itxt_bomb_stops_at_the_limit(tmp_path: Path, small_limit: int) -> None:
-    bomb = zlib.compress(b"A" * (small_limit * 16), 9)
-    path = tmp_path / "bomb.png"
-    path.write_bytes(png(chunk(b"iTXt", b"chara\0\x01\0\0\0" + bomb)))
+    path.write_bytes(png(chunk(kind, head + bomb)))
     with pytest.raises(StoryError, match="inflates to more than"):
         read_card(path)
 
