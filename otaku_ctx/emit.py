@@ -42,7 +42,7 @@ class PromptRenderer:
         """The format bound to the story's names (`formats.bind`): `{{user}}`, `{{char}}`,
         and a group chat when more than one character speaks."""
         story, names = self.variables.story, self.variables.names
-        characters = {names.speaker(m) for m in story.messages if m.role == "assistant" and not m.is_card}
+        characters = {names.speaker_as(role, name) for role, name in story.speakers if role == "assistant"}
         self.format = bind(self.format, names.user, names.char, group=len(characters) > 1)
         self.template = bind_preset(self.template, self.format)
 
@@ -72,8 +72,7 @@ class PromptRenderer:
         trailing spaces kept (SillyTavern's rules)."""
         story, names = self.variables.story, self.variables.names
         speaking = self.variables.open_turn["name"]
-        speakers = [names.speaker(m) for m in story.messages if not m.is_card]
-        people = [p for p in dict.fromkeys([names.user, names.char, *speakers]) if p and p != speaking]
+        people = [p for p in dict.fromkeys([names.user, names.char, *names.speakers(story)]) if p and p != speaking]
         if isinstance(self.template, PresetTemplate):  # the context preset's switches decide
             return preset_stops(self.template.preset, people, names.fill, stop_sequences(self.format, []))
         first, rest = list(self.format.stop[:1]), list(self.format.stop[1:])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -172,6 +173,19 @@ class Story:
     def message(self, number: int) -> Message:
         return self.messages[number - 1]
 
-    @property
+    @cached_property
     def cards(self) -> tuple[Message, ...]:
+        """The card messages, in story order (found once per story)."""
         return tuple(m for m in self.messages if m.card is not None)
+
+    @cached_property
+    def speakers(self) -> dict[tuple[Role, str], int]:
+        """Who speaks the story's messages (cards aside): how many messages each (role, name)
+        has — name "" for an unnamed row — in the order each first speaks. Counted once per
+        story, for everything that asks who speaks (names, personas, stop strings)."""
+        counts: dict[tuple[Role, str], int] = {}
+        for m in self.messages:
+            if m.card is None:
+                key = (m.role, m.name or "")
+                counts[key] = counts.get(key, 0) + 1
+        return counts

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from .model import Card, Message, Story
+from .model import Card, Message, Role, Story
 
 MACRO = re.compile(r"\{\{(char|user)\}\}|<(USER|BOT)>", re.IGNORECASE)
 
@@ -66,13 +67,21 @@ class Names:
         return Names(card.name, self.user) if card else self
 
     def speaker(self, message: Message) -> str:
-        if message.name:
-            return message.name
-        if message.role == "assistant":
+        return self.speaker_as(message.role, message.name)
+
+    def speaker_as(self, role: Role, name: str | None) -> str:
+        """How a row of `role` named `name` (or unnamed) is called."""
+        if name:
+            return name
+        if role == "assistant":
             return self.char or "Assistant"
-        if message.role == "user":
+        if role == "user":
             return self.user or "User"
         return ""  # a system row without a name (SillyTavern's narrator) is sent without one
+
+    def speakers(self, story: Story) -> list[str]:
+        """Everyone who speaks the story's messages, each once, in the order they first speak."""
+        return list(dict.fromkeys(self.speaker_as(role, name) for role, name in story.speakers))
 
 
 @dataclass(frozen=True)
@@ -114,7 +123,7 @@ def _char(story: Story, flag: str | None) -> Chosen:
         return Chosen(opening.card.name, FROM_CARD)
     if story.info.char:
         return Chosen(story.info.char, FROM_HEADER)
-    speaker = _most_frequent(m.name for m in story.messages if m.role != "user" and m.card is None)
+    speaker = _most_frequent(story, lambda role: role != "user")
     if speaker:
         return Chosen(speaker, FROM_SPEAKERS)
     card = next((m.card for m in story.messages if m.card is not None), None)
@@ -128,11 +137,15 @@ def _user(story: Story, flag: str | None, config: str | None) -> Chosen:
         return Chosen(config, FROM_CONFIG)
     if story.info.user:
         return Chosen(story.info.user, FROM_HEADER if story.source_format == "sillytavern" else FROM_STORY)
-    name = _most_frequent(m.name for m in story.messages if m.role == "user")
+    name = _most_frequent(story, lambda role: role == "user")
     return Chosen(name, FROM_USER_ROWS) if name else Chosen("", UNSET)
 
 
-def _most_frequent(names: object) -> str:
-    """The name met most often (the first met among equals); "" when there is none."""
-    counts = Counter(name for name in names if name)  # type: ignore[attr-defined]
+def _most_frequent(story: Story, of: Callable[[Role], bool]) -> str:
+    """The name that speaks most of the messages of the roles `of` admits (the first met
+    among equals); "" when none is named."""
+    counts: Counter[str] = Counter()
+    for (role, name), count in story.speakers.items():
+        if name and of(role):
+            counts[name] += count
     return max(counts, key=counts.__getitem__) if counts else ""

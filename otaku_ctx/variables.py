@@ -126,7 +126,7 @@ class Variables:
         story, names, card = self.story, self.names, self.main_card
         cards = self.known_cards
         # Each persona once: the user first, then every other name the user's rows speak as.
-        speakers = (m.name for m in story.messages if m.role == "user" and m.name)
+        speakers = (name for role, name in story.speakers if role == "user" and name)
         users = list(dict.fromkeys([*([names.user] if names.user else []), *speakers]))
         persona = names.fill(story.info.persona)
         personas = [{"name": u, **({"description": persona} if persona and u == names.user else {})} for u in users]
