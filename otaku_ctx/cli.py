@@ -220,12 +220,12 @@ class Request:
         with progress(terminal()) as phase:
             # The tokenizer first: its load-time peak is then over before the story takes memory.
             phase("loading the tokenizer")
-            make_counter(settings.model.tokenizer)
+            count = make_counter(settings.model.tokenizer)
             phase(f"reading {self.story}")
             with as_regular_file(self.story, terminal().stdin) as path:
                 story = open_story(path, self.source_format, self.cards, self.conversation)
             phase(f"building the prompt from {len(story):,} messages")
-            built = build(story, settings, emit=self.emit)
+            built = build(story, settings, emit=self.emit, count=count)
         for note in story.notes:
             terminal().say(f"ctx: {note}")
         for note in built.lore.notes:
