@@ -142,9 +142,9 @@ def test_a_terminal_gets_a_final_newline_and_a_summary(expected):
 def _run_process(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[bytes]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.update(kwargs.pop("env", {}))  # type: ignore[arg-type]
-    return subprocess.run(
-        [sys.executable, "-m", "otaku_ctx", *args], capture_output=True, env=env, timeout=60, **kwargs
-    )
+    if "stdout" not in kwargs:
+        kwargs["capture_output"] = True
+    return subprocess.run([sys.executable, "-m", "otaku_ctx", *args], env=env, timeout=60, **kwargs)
 
 
 def test_real_process_with_closed_stdout_and_a_non_ascii_locale(tmp_path):
@@ -156,6 +156,23 @@ def test_real_process_with_closed_stdout_and_a_non_ascii_locale(tmp_path):
     shell = f"{sys.executable} -m otaku_ctx build {story} >&-"
     closed = subprocess.run(["sh", "-c", shell], capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert closed.returncode == 1 and b"stdout is closed" in closed.stderr
+
+
+def test_real_process_whose_reader_went_away_exits_141_quietly():
+    """The reader closed before ctx wrote (`| true`): the status of a broken pipe, nothing on stderr."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = _run_process(["build", str(CASE3)], stdout=write, stderr=subprocess.PIPE)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (ExitStatus.BROKEN_PIPE, b"")
+
+
+def test_the_console_script_leaves_with_the_cli_broken_pipe_status():
+    from otaku_ctx import __main__
+
+    assert __main__.BROKEN_PIPE == ExitStatus.BROKEN_PIPE
 
 
 # ── Exit statuses and usage ──────────────────────────────────────────────────────────────
