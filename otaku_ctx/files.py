@@ -7,7 +7,6 @@ import errno
 import os
 import shutil
 import stat
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -40,6 +39,8 @@ def write_atomic(path: Path | str, text: str) -> None:
         raise FileNotFoundError(errno.ENOENT, "no such folder to write into", str(path.parent))
     if path.is_symlink():
         path = path.resolve()
+    import tempfile  # only a run that writes a file needs it (it imports random, 4 ms)
+
     mode = _mode_for(path)
     descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -114,6 +115,8 @@ def as_regular_file(path: Path, stdin: BinaryIO) -> Iterator[Path]:
         if regular:
             yield path
             return
+    import tempfile
+
     shown = Path("<stdin>") if str(path) == "-" else path
     with tempfile.TemporaryDirectory(prefix="ctx-") as folder:
         copy = Path(folder) / "story"

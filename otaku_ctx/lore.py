@@ -28,9 +28,7 @@ activated entry and fills greedily by score, skipping what does not fit, within 
 
 from __future__ import annotations
 
-import hashlib
 import math
-import random
 import re
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
@@ -312,6 +310,9 @@ def _ident(entry: LoreEntry) -> tuple[str, int | str]:
 def _roll(seed: str, *parts: object) -> float:
     """A number in [0, 1) from the story's seed and the parts: the same story gives the same
     prompt; a new turn (or another entry) gets a new roll."""
+    import hashlib  # only an entry with a probability rolls: a build without one skips both
+    import random
+
     digest = hashlib.sha256("\x1f".join([seed, *map(str, parts)]).encode()).digest()
     return random.Random(digest).random()
 

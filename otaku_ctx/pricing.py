@@ -7,7 +7,7 @@ taken on what is actually emitted.
 
 from __future__ import annotations
 
-import secrets
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -201,7 +201,7 @@ class TemplatePricer:
 
 # The stand-in texts of `_derived`: private-use characters around a per-run nonce (story text
 # cannot predict them); the second holds what escaping or JSON would change.
-_NONCE = secrets.token_hex(6)
+_NONCE = os.urandom(6).hex()
 _MARKS = {
     name: (f"\ue000{name}-{_NONCE}\ue001", f'\ue000<{name}>&"q"\\\n\r\t-{_NONCE}\ue001')
     for name in ("text", "scene", "title")

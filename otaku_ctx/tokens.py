@@ -10,6 +10,7 @@ import binascii
 import hashlib
 import importlib.machinery
 import importlib.util
+import re
 import sys
 from collections.abc import Callable
 from functools import cache
@@ -161,7 +162,7 @@ def count_cl100k(text: str) -> int:
     each long piece is counted by `_long_piece`, which is exact (see there).
     """
     core = _cl100k()
-    if len(text) >= LONG_PIECE and _long_run().search(text):
+    if _may_hold_a_long_run(text) and _long_run().search(text):
         return _count_by_pieces(core, text)
     try:
         return len(core.encode_ordinary(text))
@@ -173,20 +174,71 @@ LOOK_BEHIND = 64  # characters of a text kept before what follows it (`cl100k_co
 
 
 def cl100k_context(text: str) -> str:
-    """The end of `text` from the start of the pre-tokenizer piece that holds its last
-    LOOK_BEHIND characters. Why that is exact: cl100k's pieces are found left to right, and a
-    piece that ends before the end of `text` is decided by `text` alone (its quantifiers stop
-    at a character of `text`, its lookahead and `$` see characters of `text`), so whatever
-    follows, the pieces before that start are the same, and a piece never looks behind it;
-    byte-pair merging never crosses pieces. So the pieces before it count the same tokens
-    in `text` and in `text + after`, and cancel in the difference."""
+    """The end of `text` from the start of a pre-tokenizer piece at or before its last
+    LOOK_BEHIND characters: the last space before a word there (`_word_start`), or else the
+    start of the piece that holds them.
+
+    Why that is exact: cl100k's pieces are found left to right, and a piece that ends before
+    the end of `text` is decided by `text` alone (its quantifiers stop at a character of
+    `text`, its lookahead and `$` see characters of `text`), so whatever follows, the pieces
+    before that start are the same, and a piece never looks behind it; byte-pair merging
+    never crosses pieces. So the pieces before it count the same tokens in `text` and in
+    `text + after`, and cancel in the difference."""
     if len(text) <= 2 * LOOK_BEHIND:
         return text
     target = len(text) - LOOK_BEHIND
+    start = _word_start(text, target)
+    if start is not None:
+        return text[start:]
     for piece in _pieces().finditer(text):
         if piece.end() > target:
             return text[piece.start() :]
     return text
+
+
+def _word_start(text: str, target: int) -> int | None:
+    r"""The last space at or before `target`, within a few look-behinds of it, that comes right
+    before a letter: a piece always starts there, so the slow scan of every piece is spared.
+
+    Why a piece starts at a space S before a letter: the piece holding the character before S
+    ends at S. A letter run or a contraction stops at S (not a letter); digits stop at S; a
+    symbol run stops at S (it takes only newlines after it); a whitespace run stops at S or
+    before it, since `\s*[\r\n]` ends at a newline and `\s+(?!\S)` gives back the last
+    space before the letter. From S, ` ?\p{L}+` takes the space and the word.
+    """
+    lowest = max(0, target - 4 * LOOK_BEHIND)
+    at = text.rfind(" ", lowest, target + 1)
+    while at >= 0:
+        if text[at + 1].isalpha():  # Python's letters are \p{L}
+            return at
+        at = text.rfind(" ", lowest, at)
+    return None
+
+
+RUN_STRIDE = (LONG_PIECE - 2) // 2  # a run of 2 strides holds two characters of text[::RUN_STRIDE]
+_SPACE = re.compile(r"\s")
+_SEPARATORS = "\x1c\x1d\x1e\x1f"  # str.isspace() says whitespace, tiktoken's \s does not
+
+
+def _may_hold_a_long_run(text: str) -> bool:
+    """Whether `text` may hold what `_long_run` looks for, a run of LONG_PIECE - 2 characters
+    all whitespace or all not. Prose holds none, so this test spares `_long_run`'s scan (and
+    the import of the `regex` module, 10 ms) for nearly every text. Such a run holds two
+    neighbours of `text[::RUN_STRIDE]` with only its own kind between them, so only the
+    stretches between neighbours of one kind are looked at: linear, and False only where
+    `_long_run` would find nothing."""
+    if len(text) < LONG_PIECE:
+        return False
+    if any(separator in text for separator in _SEPARATORS):
+        return True  # a "symbol" run of tiktoken's may mix them with others: let _long_run look
+    samples = text[::RUN_STRIDE]
+    for k in range(len(samples) - 1):
+        if samples[k].isspace() != samples[k + 1].isspace():
+            continue
+        between = text[k * RUN_STRIDE : (k + 1) * RUN_STRIDE + 1]
+        if between.isspace() if samples[k].isspace() else _SPACE.search(between) is None:
+            return True
+    return False
 
 
 def _without_surrogates(text: str) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import secrets
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -23,7 +23,7 @@ _NO_POST_HISTORY: dict[str, Any] = {"targetIndex": -1, "hasContent": False, "has
 
 # The open turn's `message`: private-use characters around a per-run nonce, which story text
 # (data read from a file) cannot predict.
-OPEN_MARK = f"\ue000open-{secrets.token_hex(8)}\ue001"
+OPEN_MARK = f"\ue000open-{os.urandom(8).hex()}\ue001"
 
 
 def _card_json(card: Card, names: Names, lore: Sequence[dict[str, str]] = ()) -> dict[str, Any]:

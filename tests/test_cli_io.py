@@ -175,6 +175,23 @@ def test_the_console_script_leaves_with_the_cli_broken_pipe_status():
     assert __main__.BROKEN_PIPE == ExitStatus.BROKEN_PIPE
 
 
+def test_a_build_of_an_english_story_imports_only_what_it_uses(tmp_path):
+    """Each of these costs a few ms a run: the `regex` module is for pathological or unspaced
+    text, pybars for templates not yet compiled, tiktoken's package for a changed tiktoken,
+    tempfile for writing a file."""
+    script = (
+        "import sys\n"
+        "from otaku_ctx.cli import main\n"
+        f"status = main(['build', {str(CASE3)!r}])\n"
+        "heavy = ('regex', 'pybars', 'tiktoken', 'tempfile', 'secrets', 'random')\n"
+        "loaded = [m for m in sys.modules if m.split('.')[0] in heavy and m != 'tiktoken._tiktoken']\n"
+        "print(status, sorted(loaded), file=sys.stderr)\n"
+    )
+    env = {**os.environ, "OTAKU_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert done.stderr.strip() == "0 []" and done.stdout
+
+
 # ── Exit statuses and usage ──────────────────────────────────────────────────────────────
 
 

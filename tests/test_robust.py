@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import tiktoken
+from hypothesis import given
+from hypothesis import strategies as st
 from stories import chunk, png
 
 from otaku_ctx import cards, tokens
@@ -284,3 +286,32 @@ def test_the_counter_counts_each_distinct_text_once() -> None:
     for text in ["a b", "a b", "c", "a b"]:
         counter(text)
     assert counter.calls == 2
+
+
+_RUNS = st.lists(
+    st.tuples(st.sampled_from(list("a é字-!\n\t\x1c\x1f0")), st.integers(1, 1_300)), min_size=1, max_size=8
+)
+
+
+@given(_RUNS)
+def test_the_cheap_run_test_misses_no_run_the_long_run_scan_finds(runs: list[tuple[str, int]]) -> None:
+    text = "".join(ch * n for ch, n in runs)
+    if tokens._long_run().search(text):
+        assert tokens._may_hold_a_long_run(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "held"),
+    [
+        ("The keeper climbs the stair. " * 400, False),
+        ("word " * 100 + "q" * 1_022 + " tail", True),
+        ("word " * 100 + "q" * 500 + " tail", False),  # shorter than a stride: never a candidate
+        ("a" + " \n" * 300 + "\t" * 500 + "b", True),
+        ("!\x1c" * 600, True),  # one symbol run to tiktoken, broken by "whitespace" to Python
+    ],
+)
+def test_the_cheap_run_test(text: str, held: bool) -> None:
+    """True where a run may be long (the scan then decides); False only where none is."""
+    assert tokens._may_hold_a_long_run(text) is held
+    if not held:
+        assert tokens._long_run().search(text) is None

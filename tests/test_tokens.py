@@ -117,6 +117,25 @@ def test_the_context_of_a_text_counts_what_follows_it_as_the_whole_does(before: 
     assert count(before + after) - count(before) == count(end + after) - count(end)
 
 
+_WORDS = st.lists(
+    st.tuples(
+        st.text(alphabet=st.sampled_from(list("aZé字'sd.,!?09<|>")), min_size=1, max_size=6),
+        st.sampled_from([" ", "  ", "\n", " \n ", "\t ", "\xa0", "\u3000 ", "\r\n  ", ""]),
+    ),
+    max_size=60,
+)
+
+
+@given(_WORDS, st.integers(0, 400))
+def test_a_word_start_is_where_tiktokens_pattern_starts_a_piece(words: list[tuple[str, str]], at: int) -> None:
+    from otaku_ctx.tokens import _pieces, _word_start
+
+    text = "".join(word + gap for word, gap in words)
+    start = _word_start(text, min(at, len(text) - 2)) if len(text) >= 2 else None
+    if start is not None:
+        assert start in {piece.start() for piece in _pieces().finditer(text)}
+
+
 @pytest.mark.parametrize(("before", "after"), [("word " * 10 + "x" * 151, "yz"), ("word " * 10 + "x" * 150, "y")])
 def test_the_context_starts_where_a_piece_starts(before: str, after: str) -> None:
     """A last piece longer than the look-behind: cut inside it, the count would be wrong."""

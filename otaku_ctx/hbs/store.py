@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +77,8 @@ def read_program(path: Path, key: str) -> Any | None:
 
 def write_atomically(path: Path, text: str) -> None:
     """Write via a temp file in the same folder and a rename: readers see all of it or nothing."""
+    import tempfile  # only a template not cached yet is written
+
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
     try:
