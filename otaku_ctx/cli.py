@@ -304,11 +304,12 @@ def build_cmd(
     """Print the prompt for STORY on stdout (only the prompt; diagnostics go to stderr)."""
     from .errors import ContextOverflow
     from .files import write_output
-    from .report import refusal_message
 
     built, _ = request.run()
     a, io = built.assembly, terminal()
     if a.refusal or built.prompt is None:
+        from .report import refusal_message
+
         assert a.refusal is not None
         raise ContextOverflow(a, f"{story}: {refusal_message(a.refusal, built.budget)}")
     if output is None:

@@ -34,36 +34,67 @@ INLINE_HELPERS: dict[str, tuple[int, int | None]] = {
 }
 
 
-def to_plain(value: Any, where: str, name: str, seen: frozenset[int] = frozenset()) -> Any:
+_SCALARS = (str, int, float, bool, type(None))  # exact types: immutable, handed over as they are
+
+
+def to_plain(value: Any, where: str, name: str) -> Any:
     """Copy `value` into plain data (dict/list/str/int/float/bool/None) or refuse it."""
-    if value is None or value is True or value is False:
+    try:
+        return _plain(value, frozenset())
+    except _NotPlain as refused:
+        path = where + "".join(f"[{step}]" if type(step) is int else f".{step}" for step in reversed(refused.path))
+        raise TemplateError(name, None, None, f"{refused.lead} at {path}{refused.rest}") from None
+
+
+class _NotPlain(Exception):
+    """A value templates may not see. Its path (innermost step first) is filled in on the way
+    out, so plain data, the common case, never has a path formatted."""
+
+    def __init__(self, lead: str, rest: str = "") -> None:
+        self.lead, self.rest = lead, rest
+        self.path: list[str | int] = []
+
+
+def _plain(value: Any, seen: frozenset[int]) -> Any:
+    kind = type(value)
+    if kind in _SCALARS:
         return value
-    if isinstance(value, str):
+    if isinstance(value, str):  # a subclass: its methods must not reach the template
         return str.__str__(value)
-    if isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, int):
         return int.__int__(value)
     if isinstance(value, float):
         return float.__float__(value)
-    if isinstance(value, Mapping | list | tuple):
-        if id(value) in seen:
-            raise TemplateError(name, None, None, f"context value at {where} contains itself")
-        seen = seen | {id(value)}
-        if isinstance(value, Mapping):
-            plain = {}
-            for key, item in value.items():
+    if not isinstance(value, Mapping | list | tuple):
+        raise _NotPlain(
+            "context value",
+            f" is a {kind.__name__}: templates only see dicts, lists, strings, numbers, booleans and None "
+            "(convert it before rendering)",
+        )
+    if id(value) in seen:
+        raise _NotPlain("context value", " contains itself")
+    seen = seen | {id(value)}
+    if isinstance(value, Mapping):
+        plain = {}
+        for key, item in value.items():
+            if type(key) is not str:
                 if not isinstance(key, str | int) or isinstance(key, bool):
-                    raise TemplateError(name, None, None, f"context key {key!r} at {where} is not a string")
-                text = str.__str__(key) if isinstance(key, str) else str(int.__int__(key))
-                plain[text] = to_plain(item, f"{where}.{text}", name, seen)
-            return plain
-        return [to_plain(item, f"{where}[{index}]", name, seen) for index, item in enumerate(value)]
-    raise TemplateError(
-        name,
-        None,
-        None,
-        f"context value at {where} is a {type(value).__name__}: templates only see dicts, lists, "
-        "strings, numbers, booleans and None (convert it before rendering)",
-    )
+                    raise _NotPlain(f"context key {key!r}", " is not a string")
+                key = str.__str__(key) if isinstance(key, str) else str(int.__int__(key))
+            try:
+                plain[key] = _plain(item, seen)
+            except _NotPlain as refused:
+                refused.path.append(key)
+                raise
+        return plain
+    items = []
+    for index, item in enumerate(value):
+        try:
+            items.append(_plain(item, seen))
+        except _NotPlain as refused:
+            refused.path.append(index)
+            raise
+    return items
 
 
 def pick(value: Any, key: str) -> Any:
