@@ -29,7 +29,7 @@ from .config import Settings
 from .errors import UsageError
 from .formats import Format, render_messages, text_pieces
 from .model import Story
-from .tokens import make_counter
+from .tokens import common_length, make_counter
 
 Tokens = list[int] | list[str]
 
@@ -162,17 +162,9 @@ def _tokenizer(name: str) -> tuple[Callable[[str], Tokens], int]:
     or for the estimate (4 characters a token) the text's characters (4), so that a prefix
     is a prefix wherever it ends."""
     if name == "cl100k_base":
-        from .tokens import _cl100k
+        from .tokens import PrefixEncoder
 
-        core = _cl100k()
-
-        def ids(text: str) -> Tokens:
-            try:
-                return list(core.encode_ordinary(text))
-            except UnicodeEncodeError:
-                return list(core.encode_ordinary(text.encode("utf-8", "replace").decode("utf-8")))
-
-        return ids, 1
+        return PrefixEncoder(), 1
     return list, 4
 
 
@@ -200,21 +192,6 @@ class _Measure:
             out += self.encode(message["content"])
             out.append("</>")
         return out
-
-
-def _common(a: Tokens, b: Tokens) -> int:
-    """The length of the common prefix of two token lists."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    low, high = 0, n  # a[:low] == b[:low] and a[:high] != b[:high]
-    while high - low > 1:
-        mid = (low + high) // 2
-        if a[low:mid] == b[low:mid]:
-            low = mid
-        else:
-            high = mid
-    return low
 
 
 def replay(
@@ -245,7 +222,7 @@ def replay(
             before_next: Tokens | None = None
         else:
             whole, before_next = measure.forms(built.blocks)
-        reused = _common(before, whole) if before is not None else 0
+        reused = common_length(before, whole) if before is not None else 0
         prefix = before is not None and reused == len(before) and bool(whole)
         covered = len(a.summaries) + (a.level if a.history else 0)
         unit = measure.unit

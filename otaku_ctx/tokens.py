@@ -12,8 +12,10 @@ import importlib.machinery
 import importlib.util
 import re
 import sys
-from collections.abc import Callable
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
 from functools import cache
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -424,6 +426,65 @@ def _separable(core: Any, last: bytes, first: bytes) -> bool:
 def _estimate(text: str) -> int:
     """otaku's own estimate: a token is about four characters."""
     return len(text) // 4
+
+
+class PrefixEncoder:
+    """cl100k_base token ids of texts that mostly repeat the text before them (the prompts of
+    a replay): the ids up to a piece start inside the common prefix are the last text's, and
+    only the rest is encoded. Exact: pieces before a piece start are decided by the text
+    before it (see `cl100k_context`), and byte-pair merging never crosses a piece."""
+
+    def __init__(self) -> None:
+        self._core = _cl100k()
+        self._sizes: dict[int, int] = {}  # a token's length in bytes
+        self._text = ""
+        self._ids: list[int] = []
+        self._ends: list[int] = []  # where each token ends, in bytes of the text
+
+    def __call__(self, text: str) -> list[int]:
+        try:
+            kept, at = self._kept(text)
+            ids = kept + self._core.encode_ordinary(text[at:])
+        except UnicodeEncodeError:  # a lone surrogate: counted as U+FFFD, as tiktoken.Encoding does
+            self._text, self._ids, self._ends = "", [], []
+            return list(self._core.encode_ordinary(_without_surrogates(text)))
+        self._text, self._ids = text, ids
+        self._ends = list(accumulate(map(self._size, ids)))
+        return list(ids)
+
+    def _kept(self, text: str) -> tuple[list[int], int]:
+        """The last text's ids before a piece start both texts share, and that start."""
+        same = common_length(self._text, text)
+        start = _word_start(text, same - 2) if same > 2 else None
+        if not start:
+            return [], 0
+        cut = len(text[:start].encode("utf-8"))
+        kept = bisect_left(self._ends, cut)
+        if kept >= len(self._ends) or self._ends[kept] != cut:
+            return [], 0  # not a token boundary of the last text: cannot happen, but cheap to check
+        return self._ids[: kept + 1], start
+
+    def _size(self, token: int) -> int:
+        size = self._sizes.get(token)
+        if size is None:
+            size = self._sizes[token] = len(self._core.decode_single_token_bytes(token))
+        return size
+
+
+def common_length(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """The length of the common prefix of two strings or lists, by halving (the comparisons
+    of slices run in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    low, high = 0, n  # a[:low] == b[:low] and a[:high] != b[:high]
+    while high - low > 1:
+        mid = (low + high) // 2
+        if a[low:mid] == b[low:mid]:
+            low = mid
+        else:
+            high = mid
+    return low
 
 
 def make_counter(name: str) -> TokenCounter:

@@ -12,7 +12,8 @@ from otaku_ctx.config import load_settings
 from otaku_ctx.errors import UsageError
 from otaku_ctx.formats import text_pieces
 from otaku_ctx.readers import read_story
-from otaku_ctx.replay import _common, replay, story_at, turn_numbers
+from otaku_ctx.replay import replay, story_at, turn_numbers
+from otaku_ctx.tokens import common_length
 
 
 def settings(**given: object):
@@ -42,10 +43,11 @@ def test_turns_outside_the_story_are_usage_errors(first: int, last: int | None, 
 
 
 def test_common_prefix() -> None:
-    assert _common([1, 2, 3], [1, 2, 3, 4]) == 3
-    assert _common([1, 2, 3], [1, 9, 3]) == 1
-    assert _common([], [1]) == 0
-    assert _common(list(range(1000)), [*range(700), -1]) == 700
+    assert common_length([1, 2, 3], [1, 2, 3, 4]) == 3
+    assert common_length([1, 2, 3], [1, 9, 3]) == 1
+    assert common_length([], [1]) == 0
+    assert common_length(list(range(1000)), [*range(700), -1]) == 700
+    assert common_length("the keeper", "the keel") == 7
 
 
 def test_each_turn_is_the_build_of_that_turn() -> None:

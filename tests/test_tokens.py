@@ -153,3 +153,21 @@ def test_the_context_of_a_long_text_is_short() -> None:
     lore = "The lighthouse keeper remembers every ship. " * 500
     end = cl100k_context(lore)
     assert LOOK_BEHIND <= len(end) < 2 * LOOK_BEHIND
+
+
+_EDITS = st.lists(
+    st.tuples(st.sampled_from(["append", "cut", "edit"]), st.integers(0, 10_000), _TEXTS), min_size=1, max_size=8
+)
+
+
+@given(_TEXTS, _EDITS)
+def test_the_prefix_encoder_encodes_each_text_as_tiktoken_does(first: str, edits: list[tuple[str, int, str]]) -> None:
+    """A replay's prompts: each mostly the one before, grown, cut or changed somewhere."""
+    from otaku_ctx.tokens import PrefixEncoder, _cl100k
+
+    encode, core = PrefixEncoder(), _cl100k()
+    text = "The keeper climbs the stair. " * 5 + first
+    for kind, at, piece in edits:
+        at %= len(text) + 1
+        text = {"append": text + piece, "cut": text[:at], "edit": text[:at] + piece + text[at + len(piece) :]}[kind]
+        assert encode(text) == core.encode_ordinary(text)
