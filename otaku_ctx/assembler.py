@@ -31,10 +31,12 @@ candidate that fits, so the emitted prompt is ≤ the limit to the token.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from itertools import accumulate
 from typing import Literal, Protocol
 
 from .model import Message, Role, Scene, Story
@@ -67,10 +69,11 @@ class Policy:
     `exact`: the first candidate that fits, turn by turn (the seed's search as written).
     `stable`: keep the shape of the previous turns while it is still a candidate and fits, so the
     prompt's prefix stays byte-stable for a backend's prompt cache; when it must change, move
-    to the first candidate that leaves `slack` (a share of the limit) free for the coming turns."""
+    to the first candidate that leaves `slack` (a share of the limit) free for the coming turns;
+    take a less degraded one only when it leaves that slack free (`_Stable`)."""
 
     cache: Cache = "exact"
-    slack: float = 0.15
+    slack: float = 0.03
 
 
 @dataclass(frozen=True)
@@ -728,15 +731,21 @@ class _Stable:
     level climbs a step a turn), rewriting all after the head. This policy walks the story's
     turns from the first message to the last — turn n is the story's first n messages, with
     the scenes that end by then — holding a shape (covered scenes, level) while it is still
-    one of the seed's candidates at that turn and its parts still fit the limit. When it
-    must change, it moves to the first candidate (in the seed's order) that leaves `slack`
-    of the limit free, never to fewer covered scenes or a lower level; only when no such
-    candidate fits does it take the one that barely fits, and only when none fits at all
-    does it step back. The walk reads nothing but the story: a build of turn N is the N-th
-    turn of a replay, with no state kept between builds.
+    one of the seed's candidates at that turn and its parts still fit the limit.
 
-    The cost: each message is priced once (every message is in some turn's tail), which the
-    exact search never pays for the covered middle."""
+    - It takes a less degraded shape (one before it in the seed's order: fewer covered scenes,
+      a lower level) only when that shape leaves `slack` of the limit free.
+    - When the shape must change, it moves to the first candidate (in the seed's order) that
+      leaves the slack free; when none does, to the first that fits without stepping back;
+      only when none fits at all, to the first that fits.
+    - While the shape holds, it looks for a less degraded one that leaves the slack free only
+      at a checkpoint: a turn where the seed's candidates change, because a scene joins the
+      chain of some tail target. Without this, a shape taken under pressure would stay more
+      degraded than the window needs until the story's end.
+
+    The walk reads nothing but the story: a build of turn N is the N-th turn of a replay,
+    with no state kept between builds. The cost: each message is priced once (every message
+    is in some turn's tail), which the exact search never pays for the covered middle."""
 
     search: _Search
     slack: float
@@ -756,6 +765,14 @@ class _Stable:
         self.histories = {
             k: pricer.recap_part(Part("history", scene=s)) for k, s in enumerate(self.run, start=1) if s.history.strip()
         }
+        # What level k adds to a chain's price (its history in place of summaries 1..k; a level
+        # without a history is never a candidate), and the least of that over levels 1..k: a
+        # chain's first level that fits is then found by bisection, not by pricing each level.
+        self.level_cost = [math.inf] + [
+            self.histories[k] - self.summaries[k] if k in self.histories else math.inf
+            for k in range(1, len(self.run) + 1)
+        ]
+        self.cheapest = list(accumulate(self.level_cost, min))
         # Each message after the one before it (the first after the frame), in prefix sums.
         messages = story.messages
         self.framing: dict[tuple[Role, str | None, Role | None], int] = {}
@@ -806,18 +823,16 @@ class _Stable:
         high = n - self.ends[m - 1] - 1 if m else 1 << 62
         return self.on_ladder(max(low, 0), high)
 
+    def chains(self, n: int) -> tuple[int, ...]:
+        """The covered chains of turn n (as scene counts), one per tail target of the ladder
+        from the longest, each once. They change only where a scene joins the chain of some
+        target: the checkpoints of the walk."""
+        return tuple(dict.fromkeys(self.covers(n, target) for target in rungs(self.search.shape, n)))
+
     def candidates(self, n: int) -> list[Candidate]:
         """Turn n's candidates in the seed's order: tail targets from the longest, each chain's
         summaries (level 0) before its levels."""
-        seen: set[int] = set()
-        out: list[Candidate] = []
-        for target in rungs(self.search.shape, n):
-            m = self.covers(n, target)
-            if m in seen:
-                continue
-            seen.add(m)
-            out += [(m, 0)] + [(m, k) for k in range(1, m + 1) if k in self.histories]
-        return out
+        return [(m, k) for m in self.chains(n) for k in range(m + 1) if k == 0 or k in self.histories]
 
     def target(self, m: int, n: int) -> int:
         """The longest tail target whose chain holds `m` scenes at turn n."""
@@ -847,16 +862,49 @@ class _Stable:
             yield from (c for c in every if c[0] >= floor[0] and c[1] >= floor[1])
         yield from every
 
-    def choose(self, n: int, floor: Candidate | None) -> Candidate | None:
-        limit = self.search.limit
-        keep = limit - self.slack_tokens
-        moves = list(dict.fromkeys(self.ordered(n, floor)))
-        monotone = [c for c in moves if floor is None or (c[0] >= floor[0] and c[1] >= floor[1])]
-        for bound, pool in ((keep, monotone), (limit, monotone), (keep, moves), (limit, moves)):
-            found = next((c for c in pool if self.estimate(c, n) <= bound), None)
-            if found is not None:
-                return found
+    def first_fit(
+        self, n: int, bound: int, *, floor: Candidate | None = None, stop: Candidate | None = None
+    ) -> Candidate | None:
+        """The first candidate of turn n, in the seed's order, priced at most `bound`: none
+        that steps back from `floor` (fewer covered scenes, a lower level), none from `stop` on.
+        A chain's levels differ in price only by `level_cost`, so each chain is priced once."""
+        for m in self.chains(n):
+            last = stop is not None and m == stop[0]
+            if floor is None or m >= floor[0]:
+                low = floor[1] if floor is not None else 0
+                high = stop[1] - 1 if last and stop is not None else m
+                plain = self.estimate((m, 0), n)
+                if low == 0 <= high and plain <= bound:
+                    return (m, 0)
+                level = self.first_level(bound - plain, max(low, 1), high)
+                if level is not None:
+                    return (m, level)
+            if last:
+                return None
         return None
+
+    def first_level(self, room: int, low: int, high: int) -> int | None:
+        """The lowest level in low..high whose `level_cost` is at most `room`."""
+        if high < low:
+            return None
+        if low > 1:
+            return next((k for k in range(low, high + 1) if self.level_cost[k] <= room), None)
+        if self.cheapest[high] > room:
+            return None
+        levels = range(1, high + 1)  # the cheapest so far falls with the level: fits from one level on
+        return levels[bisect_left(levels, True, key=lambda k: self.cheapest[k] <= room)]
+
+    def roomy(self, n: int, stop: Candidate | None = None) -> Candidate | None:
+        """The first candidate of turn n, in the seed's order, that leaves the slack free,
+        looking no further than `stop`."""
+        return self.first_fit(n, self.search.limit - self.slack_tokens, stop=stop)
+
+    def choose(self, n: int, floor: Candidate | None) -> Candidate | None:
+        """Where the shape moves when it must: the first candidate that leaves the slack free
+        (the only way it steps back to a less degraded one); else the first that fits without
+        stepping back; else, as a last resort, the first that fits at all."""
+        limit = self.search.limit
+        return self.roomy(n) or self.first_fit(n, limit, floor=floor) or self.first_fit(n, limit)
 
     @property
     def slack_tokens(self) -> int:
@@ -866,10 +914,16 @@ class _Stable:
         """The shape held at the last turn, the turn it was chosen, and how many changes of
         shape the story went through."""
         limit, state, floor, since, changes = self.search.limit, None, None, 0, 0
+        chains: tuple[int, ...] = ()
         for n in range(1, len(self.search.story) + 1):
+            chains, before = self.chains(n), chains
             if state is not None and self.holds(state, n) and self.estimate(state, n) <= limit:
-                continue
-            chosen = self.choose(n, floor)
+                back = self.roomy(n, stop=state) if chains != before else None  # a checkpoint
+                if back is None:
+                    continue
+                chosen: Candidate | None = back
+            else:
+                chosen = self.choose(n, floor)
             if chosen != state:
                 changes += state is not None
                 since = n

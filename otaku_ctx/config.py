@@ -62,7 +62,7 @@ class ContextSettings:
         'how a shape is chosen: "exact" (the first that fits) or "stable" (keeps the prompt\'s prefix)',
         "cache",
     )
-    cache_slack: float = setting(0.15, "stable: share of the limit left free when the shape changes (0 to 1)", "share")
+    cache_slack: float = setting(0.03, "stable: share of the limit left free when the shape changes (0 to 1)", "share")
 
 
 @dataclass(frozen=True)

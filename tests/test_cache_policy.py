@@ -1,6 +1,6 @@
 """`[context] cache = "stable"`: every prompt is one of the seed's candidates, ≤ the limit to
-the token, loses nothing; the shape holds between turns and never steps back; `exact` is the
-search as it was."""
+the token, loses nothing; the shape holds between turns and takes a less degraded one only
+with the slack free; `exact` is the search as it was."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from otaku_ctx.pricing import TemplatePricer
 from otaku_ctx.replay import story_at
 from otaku_ctx.tokens import make_counter
 
-STABLE = Policy("stable", 0.15)
+STABLE = Policy("stable")
 COUNTER = make_counter("cl100k_base")  # one cache for every prompt of these tests
 
 
@@ -77,20 +77,41 @@ def test_stable_turns_never_exceed_the_limit_and_lose_nothing(
 def test_exact_is_the_default_policy() -> None:
     assert Policy().cache == "exact"
     assert load_settings().context.cache == "exact"
+    assert load_settings().context.cache_slack == Policy().slack == 0.03
 
 
-def test_the_stable_shape_never_steps_back_and_changes_rarely(long_story: Story) -> None:
-    """On a story under window pressure, turn by turn: covered scenes and level never move
-    backward, and the shape changes at most once a scene (the chain must follow the ladder)."""
+def test_the_stable_shape_steps_back_only_with_the_slack_free(long_story: Story) -> None:
+    """On a story under window pressure, turn by turn: a move to fewer covered scenes or a
+    lower level leaves the slack free, and the shape changes far less often than the turns."""
     shape, window = Shape(), 40_000
-    seen: list[tuple[int, int]] = []
-    for n in range(240, 319, 13):
+    slack = int(window * STABLE.slack)
+    shapes: list[tuple[int, int, int]] = []
+    backs = 0
+    for n in range(255, 293):
         a, counted = assemble_at(story_at(long_story, n), shape, window, STABLE)
         assert a.refusal is None and counted <= window
-        covered = len(a.summaries) + (a.level if a.history else 0)
-        seen.append((covered, a.level))
-    assert seen == sorted(seen)
-    assert len(set(seen)) <= 1 + (318 - 240) // 15
+        now = (len(a.summaries) + (a.level if a.history else 0), a.level, a.tail_target)
+        if shapes and (now[0] < shapes[-1][0] or now[1] < shapes[-1][1]):
+            backs += 1
+            assert window - counted >= slack, (n, shapes[-1], now)
+        shapes.append(now)
+    changes = sum(a != b for a, b in zip(shapes, shapes[1:], strict=False))
+    assert backs >= 1  # the window is used again once the seed offers a roomier shape
+    assert changes <= len(shapes) // 5
+
+
+def test_stable_meets_the_cache_targets_under_pressure(long_story: Story) -> None:
+    """Issue 11's targets, on the turns of the long fixture spent in cases 3 to 5: the previous
+    prompt a prefix of the next in ≥ 90% of turns, ≥ 80% of tokens reused, ≤ 20% of the limit
+    unused on average."""
+    from otaku_ctx.replay import replay
+
+    settings = load_settings(overrides={"model.window": (40_000, "test"), "context.cache": ("stable", "test")})
+    result = replay(long_story, settings, first=173)
+    assert {t.case for t in result.turns} <= {3, 4, 5}
+    assert result.share_prefix() >= 0.90
+    assert result.share_reused() >= 0.80
+    assert result.share_unused() <= 0.20
 
 
 def test_stable_and_exact_differ_where_exact_flips(long_story: Story) -> None:
@@ -128,3 +149,34 @@ def test_inspect_explain_names_the_stable_policy_and_its_room(capsys) -> None:
     held = [t for t in data["trace"] if t["step"] == "Held"]
     assert len(held) == 1 and held[0]["room"] == data["limit"] - data["tokens"] and held[0]["turns"] > 0
     assert any(s.startswith("cache policy stable: tail target") for s in data["steps"])
+
+
+def _brute_first_fit(walk, n: int, bound: int, floor, stop):  # noqa: ANN001, ANN202 - the walk is private
+    """`first_fit` as its docstring says it, candidate by candidate."""
+    for c in walk.candidates(n):
+        if c == stop:
+            return None
+        if floor is not None and (c[0] < floor[0] or c[1] < floor[1]):
+            continue
+        if walk.estimate(c, n) <= bound:
+            return c
+    return None
+
+
+@settings(max_examples=10)
+@given(chained_stories(), shapes, st.data())
+def test_the_walks_first_fit_is_the_first_candidate_that_fits(s: Story, shape: Shape, data: st.DataObject) -> None:
+    """Pricing a chain once and finding its level by bisection picks what pricing every
+    candidate in the seed's order would pick."""
+    from otaku_ctx.assembler import _Search, _Stable
+
+    renderer = renderer_for(s, load_settings())
+    walk = _Stable(_Search(s, shape, 10**9, 0, TemplatePricer(renderer, COUNTER)), 0.03)
+    for _ in range(15):
+        n = data.draw(st.integers(1, len(s)))
+        every = walk.candidates(n)
+        prices = [walk.estimate(c, n) for c in every]
+        bound = data.draw(st.sampled_from([*prices, min(prices) - 1, max(prices) + 1]))
+        floor = data.draw(st.none() | st.sampled_from(every))
+        stop = data.draw(st.none() | st.sampled_from(every))
+        assert walk.first_fit(n, bound, floor=floor, stop=stop) == _brute_first_fit(walk, n, bound, floor, stop)
