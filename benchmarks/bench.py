@@ -7,7 +7,8 @@
 
 Every figure is a whole process, timed from spawn to exit, with its peak RSS read from the
 child's own rusage (wait4; it never reads below what this small parent held, ~20 MB, the
-size of a bare `python -c pass`). For each size it times:
+size of a bare `python -c pass`). For each size it times, in rounds of one run of each (so
+that the machine's drift falls on every column alike):
 
 - floor: the configured Python starting, importing json and reading the story file — what
   any Python tool pays before it does anything; "+parse" also json-decodes every line.
@@ -145,6 +146,31 @@ def measure(
     return m
 
 
+def interleaved(
+    jobs: dict[str, tuple[list[str], dict[str, str], float]], scratch: Path, repeats: int, slow: float
+) -> dict[str, Measure]:
+    """Measure several commands (name -> command, env, timeout) in rounds, one run of each a
+    round, so that the machine's drift (other load, clock speed) falls on every column alike
+    and the ratios between them hold. Warm-up and slow runs as in `measure`."""
+    out: dict[str, Measure] = {}
+    live: list[str] = []
+    for name, (command, env, timeout) in jobs.items():
+        out[name] = Measure()
+        first = run_once(command, env, scratch, timeout)
+        if first.code is None or first.seconds > slow:
+            out[name].runs.append(first)
+        else:
+            live.append(name)
+    for _ in range(repeats):
+        for name in list(live):
+            command, env, timeout = jobs[name]
+            r = run_once(command, env, scratch, timeout)
+            out[name].runs.append(r)
+            if r.code is None or r.seconds > slow:
+                live.remove(name)
+    return out
+
+
 def seconds(value: float | None) -> str:
     if value is None:
         return "-"
@@ -279,22 +305,26 @@ def sizes(s: Setup, args: argparse.Namespace) -> None:
         story = story_for(n, s.cache)
         row: dict[str, object] = {"n": n, "mb": story.stat().st_size / 1e6}
         print(f"{n:,} messages ({row['mb']:.1f} MB) ...", file=sys.stderr, flush=True)
-        timed = (s.scratch, args.repeats, args.slow, args.timeout)
-        row["floor"] = measure([s.python, "-c", FLOOR, str(story)], s.env, *timed)
-        row["parse"] = measure([s.python, "-c", PARSE, str(story)], s.env, *timed)
+        jobs = {
+            "floor": ([s.python, "-c", FLOOR, str(story)], s.env, args.timeout),
+            "parse": ([s.python, "-c", PARSE, str(story)], s.env, args.timeout),
+        }
         for template in args.templates:
-            m = measure([*s.ctx, "build", str(story), "--template", template, *flags], s.env, *timed)
-            if m.code not in (0, None):
-                m.note = m.runs[-1].err.splitlines()[-1][:160] if m.runs[-1].err else "no message"
-            elif m.code == 0 and not m.runs[-1].out_bytes:
-                m.note = "exit 0 but nothing on stdout"
-            row[template] = m
+            jobs[template] = ([*s.ctx, "build", str(story), "--template", template, *flags], s.env, args.timeout)
         if s.otaku:
             export = export_for(story, s.otaku)
             command = [s.otaku, str(HERE / "otaku_adapter.py"), "build", str(export), *flags[:6]]
             otaku_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-            row["otaku"] = measure(command, otaku_env, s.scratch, args.repeats, args.slow, args.otaku_timeout)
-        else:
+            jobs["otaku"] = (command, otaku_env, args.otaku_timeout)
+        row.update(interleaved(jobs, s.scratch, args.repeats, args.slow))
+        for template in args.templates:
+            m = row[template]
+            assert isinstance(m, Measure)
+            if m.code not in (0, None):
+                m.note = m.runs[-1].err.splitlines()[-1][:160] if m.runs[-1].err else "no message"
+            elif m.code == 0 and not m.runs[-1].out_bytes:
+                m.note = "exit 0 but nothing on stdout"
+        if not s.otaku:
             row["otaku"] = Measure(note="n/a")
         row["phases"] = {t: phases(s, story, t, flags) for t in args.templates} if args.phases else {}
         rows.append(row)

@@ -8,6 +8,7 @@ and `ctx --version` do not pay for the tokenizer and the template engine.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import json
@@ -560,7 +561,7 @@ def _run(argv: list[str], io: Terminal, debug: bool) -> int:
     try:
         # Typer reports usage errors and help itself, on sys.stdout/sys.stderr, and ends with SystemExit.
         with _typer_streams(io):
-            app(args=argv, prog_name="ctx", standalone_mode=True)
+            app_for(argv, io.environ)(args=argv, prog_name="ctx", standalone_mode=True)
     except OtakuError as exc:
         if debug:
             raise
@@ -588,6 +589,20 @@ def _run(argv: list[str], io: Terminal, debug: bool) -> int:
     except KeyboardInterrupt:
         return ExitStatus.INTERRUPTED
     return ExitStatus.OK
+
+
+def app_for(argv: list[str], environ: dict[str, str]) -> typer.Typer:
+    """The app to run. Typer turns every command into a Click command on each run (8 ms
+    here), so a run that names a top-level command gets a copy of `app` holding only that
+    one; its parsing, help and errors are that command's own. Anything else (no command, a
+    group, a typo, shell completion) runs the whole app."""
+    chosen = [c for c in app.registered_commands if argv and c.name == argv[0]]
+    if not chosen or "_CTX_COMPLETE" in environ:
+        return app
+    narrow = copy.copy(app)
+    narrow.registered_commands = chosen
+    narrow.registered_groups = []
+    return narrow
 
 
 @contextmanager

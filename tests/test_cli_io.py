@@ -413,3 +413,19 @@ def test_json_nested_past_reason_is_one_line_anywhere(tmp_path, argv, name, text
     status, out, err = ctx(*argv, path)
     assert status == ExitStatus.ERROR and out == "" and err.count("\n") == 1
     assert "nested more than about a thousand levels" in err and "Traceback" not in err
+
+
+def test_a_run_naming_a_command_builds_only_that_command() -> None:
+    from otaku_ctx.cli import app_for
+
+    assert [c.name for c in app_for(["build", "story.jsonl"], {}).registered_commands] == ["build"]
+    assert app_for(["build", "story.jsonl"], {}).registered_groups == []
+    for argv in (["config", "show"], ["template", "vars", "x"], ["biuld"], ["--version"], []):
+        assert app_for(argv, {}) is app
+    assert app_for(["build"], {"_CTX_COMPLETE": "bash_complete"}) is app
+    assert len(app.registered_commands) > 1  # the narrowing copies; `app` itself keeps them all
+
+
+def test_a_typo_in_the_command_is_still_named_by_the_whole_app() -> None:
+    status, out, err = ctx("biuld", CASE3)
+    assert status == ExitStatus.USAGE and "No such command 'biuld'" in err
