@@ -184,7 +184,8 @@ def _range(messages: Sequence[Message]) -> dict[str, int] | None:
 
 def _trace(step: Step) -> dict[str, Any]:
     """A step as JSON-ready data, named by its kind."""
-    data = asdict(step)
+    nested = (ChainStop, Refusal)  # the records a step holds: dataclasses, unlike the steps
+    data = {key: asdict(value) if isinstance(value, nested) else value for key, value in step._asdict().items()}
     if isinstance(step, Tried):
         data["fits"] = step.fits
     return {"step": type(step).__name__, **data}
