@@ -21,6 +21,8 @@ that the machine's drift falls on every column alike):
   export by otaku's own writer and read back by otaku's own parser (otaku_adapter.py says
   exactly what is and is not timed). otaku is installed with pip into a venv in the cache
   on first use; when that fails (no registry), its column says so and the rest runs.
+- yardstick: a fixed loop of pure Python, the machine's speed during those rounds. The
+  machines here are shared and drift within a session; compare two runs at equal yardsticks.
 
 Then one in-process run per size and template of phases.py: where ctx's time goes.
 --startup adds `ctx --version` / `ctx --help` times and the top imports of
@@ -55,6 +57,10 @@ TEMPLATES = ["default", "serene"]
 ENTRY = "import sys; from otaku_ctx.__main__ import entry; sys.argv[0] = 'ctx'; entry()"
 FLOOR = "import json, sys\nwith open(sys.argv[1], encoding='utf-8') as f: f.read()"
 PARSE = "import json, sys\nwith open(sys.argv[1], encoding='utf-8') as f:\n    for line in f: json.loads(line)"
+# The machine's speed while the row was timed: a fixed loop of pure Python. This workplace's
+# machines are shared and their speed drifts within a session (this loop has read 210 ms and
+# 350 ms a minute apart); figures from two runs compare only at the same yardstick.
+YARDSTICK = "s = 0\nfor i in range(3_000_000): s += i"
 
 
 # ---------- running one child ----------
@@ -308,6 +314,7 @@ def sizes(s: Setup, args: argparse.Namespace) -> None:
         jobs = {
             "floor": ([s.python, "-c", FLOOR, str(story)], s.env, args.timeout),
             "parse": ([s.python, "-c", PARSE, str(story)], s.env, args.timeout),
+            "yardstick": ([s.python, "-c", YARDSTICK], s.env, args.timeout),
         }
         for template in args.templates:
             jobs[template] = ([*s.ctx, "build", str(story), "--template", template, *flags], s.env, args.timeout)
@@ -344,12 +351,12 @@ def report(rows: list[dict], s: Setup, args: argparse.Namespace) -> None:
     t = args.templates
     first, second = t[0], t[-1]
     print(f"\n## whole process, median of {args.repeats} runs (¹ = one run: slower than {args.slow:g}s)\n")
-    heads = ["messages", "file", "floor", "+parse", *[f"ctx {x}" for x in t], "otaku 0.8"]
+    heads = ["messages", "file", "floor", "+parse", *[f"ctx {x}" for x in t], "otaku 0.8", "yardstick"]
     print("| " + " | ".join(heads) + " |")
     print("|" + "|".join("---:" for _ in heads) + "|")
     for r in rows:
         cells = [f"{r['n']:,}", f"{r['mb']:.1f}MB", r["floor"].cell(), r["parse"].cell()]
-        cells += [r[x].cell() for x in t] + [r["otaku"].cell()]
+        cells += [r[x].cell() for x in t] + [r["otaku"].cell(), r["yardstick"].cell()]
         print("| " + " | ".join(cells) + " |")
     print("\n## ratios (below 1: ctx is faster)\n")
     heads = ["messages", *[f"{x}/otaku" for x in t], *[f"{x}/floor" for x in t]]
@@ -387,6 +394,7 @@ def report(rows: list[dict], s: Setup, args: argparse.Namespace) -> None:
         notes.append(
             "otaku 0.8 = its export parser + `assemble_story`, tokens as len/4, no template (otaku_adapter.py)"
         )
+    notes.append("yardstick = a fixed 3M-step Python loop timed in the same rounds: the machine's speed then")
     if notes:
         print("\nnotes:")
         for line in notes:
