@@ -1,6 +1,6 @@
 """Benchmark: `ctx build` against otaku 0.8's own assembler and against the floor, whole process.
 
-    python benchmarks/bench.py                     # 1k, 10k, 100k, 300k messages, 5 runs each
+    python benchmarks/bench.py                     # 1k, 10k, 100k, 300k messages, 11 runs each
     python benchmarks/bench.py --quick             # 1k and 10k, 3 runs
     python benchmarks/bench.py --sizes 1000 --repeats 9 --startup
     python benchmarks/bench.py --ctx /work/venv/bin/ctx --no-otaku
@@ -404,7 +404,7 @@ def report(rows: list[dict], s: Setup, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="*", help=f"story sizes in messages (default {SIZES})")
-    parser.add_argument("--repeats", type=int, help="runs per figure, the median reported (default 5)")
+    parser.add_argument("--repeats", type=int, help="runs per figure, the median reported (default 11: this machine is noisy)")
     parser.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES} and 3 runs")
     parser.add_argument("--templates", nargs="+", default=TEMPLATES)
     parser.add_argument("--python", default=sys.executable, help="interpreter for ctx and the floor")
@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sizes is None:
         args.sizes = QUICK_SIZES if args.quick else SIZES
     if args.repeats is None:
-        args.repeats = 3 if args.quick else 5
+        args.repeats = 3 if args.quick else 11
     cache = args.cache_dir.expanduser()
     scratch = cache / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
