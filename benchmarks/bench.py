@@ -404,7 +404,7 @@ def report(rows: list[dict], s: Setup, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="*", help=f"story sizes in messages (default {SIZES})")
-    parser.add_argument("--repeats", type=int, help="runs per figure, the median reported (default 11: this machine is noisy)")
+    parser.add_argument("--repeats", type=int, help="runs per figure, the median reported (default 11)")
     parser.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES} and 3 runs")
     parser.add_argument("--templates", nargs="+", default=TEMPLATES)
     parser.add_argument("--python", default=sys.executable, help="interpreter for ctx and the floor")
