@@ -16,6 +16,7 @@ collects every problem, so `ctx validate` can report them all at once.
 from __future__ import annotations
 
 import gc
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -305,23 +306,18 @@ def _check_scenes(b: _Builder) -> list[Scene]:
 
 
 def _records(path: Path, problems: list[Problem]) -> Iterator[tuple[int, Any]]:
-    """Yield (line number, decoded JSON) of each non-blank line, streaming; a line that does
-    not decode is reported in `problems` (with its line and column) and skipped."""
+    """Yield (line number, decoded JSON) of each non-blank line of the file, streaming (see
+    `_decoded`); a byte-order mark before the first line is dropped."""
     with reading(path):
         handle = path.open("rb")
     with handle:
-        for number, raw in enumerate(handle, start=1):
-            if number == 1:
-                raw = raw.removeprefix(BOM)
-            if raw.isspace() or not raw:
-                continue
-            try:
-                yield number, loads(raw)
-            except JSONProblem as exc:
-                problems.append(Problem(number, exc.message))
+        first = handle.readline().removeprefix(BOM)
+        yield from _decoded(enumerate(itertools.chain((first,), handle), start=1), problems)
 
 
-def _decoded(lines: Iterable[tuple[int, str]], problems: list[Problem]) -> Iterator[tuple[int, Any]]:
+def _decoded(lines: Iterable[tuple[int, str | bytes]], problems: list[Problem]) -> Iterator[tuple[int, Any]]:
+    """Yield (line number, decoded JSON) of each non-blank line; a line that does not decode
+    is reported in `problems` (with its line and column) and skipped."""
     for number, text in lines:
         if text.isspace() or not text:
             continue
