@@ -385,3 +385,14 @@ def test_a_legacy_tavernai_chat_reads_as_the_sillytavern_chat_it_is() -> None:
     story = read_story(path)
     assert [(m.role, m.name) for m in story.messages] == [("assistant", "Aqua"), ("user", "You"), ("assistant", "Aqua")]
     assert story.messages[2].content == "Of course! I blessed it myself."
+
+
+def test_a_native_story_with_a_byte_order_mark_reads_from_its_first_line(tmp_path: Path) -> None:
+    from otaku_ctx.readers import check_story
+
+    path = tmp_path / "bom.jsonl"
+    lines = ['{"role": "user", "content": "hi"}', "", '{"role": "assistant", "content": "hello"}']
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode("utf-8") + b"\n")
+    story = read_story(path)
+    assert [m.content for m in story.messages] == ["hi", "hello"]
+    assert check_story(path) == ("native", [])
