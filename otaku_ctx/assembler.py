@@ -795,29 +795,10 @@ class _Stable:
         """How many scenes the covered chain holds at turn n for this tail target."""
         return bisect_left(self.ends, n - target)
 
-    def on_ladder(self, low: int, high: int) -> bool:
-        """Whether some tail target of the ladder lies in low..high."""
-        shape = self.search.shape
-        top, step, floor = shape.min_tail, shape.tail_step, shape.tail_floor
-        if low <= top <= high:
-            return True
-        if floor < top and low <= floor <= high:
-            return True
-        steps = max(0, -(-(top - high) // step))
-        value = top - steps * step
-        return value >= max(low, floor)
-
-    def holds(self, candidate: Candidate, n: int) -> bool:
-        """Whether the chain of `candidate` is the covered chain of some tail target at turn n."""
-        m = candidate[0]
-        low = n - self.ends[m] if m < len(self.run) else -(1 << 62)
-        high = n - self.ends[m - 1] - 1 if m else 1 << 62
-        return self.on_ladder(max(low, 0), high)
-
     def chains(self, n: int) -> tuple[int, ...]:
         """The covered chains of turn n (as scene counts), one per tail target of the ladder
-        from the longest, each once. They change only where a scene joins the chain of some
-        target: the checkpoints of the walk."""
+        from the longest, each once: a shape is a candidate while its chain is among them.
+        They change only where a scene joins the chain of some target: the walk's checkpoints."""
         return tuple(dict.fromkeys(self.covers(n, target) for target in rungs(self.search.shape, n)))
 
     def candidates(self, n: int) -> list[Candidate]:
@@ -908,7 +889,7 @@ class _Stable:
         chains: tuple[int, ...] = ()
         for n in range(1, len(self.search.story) + 1):
             chains, before = self.chains(n), chains
-            if state is not None and self.holds(state, n) and self.estimate(state, n) <= limit:
+            if state is not None and state[0] in chains and self.estimate(state, n) <= limit:  # still held
                 back = self.roomy(n, stop=state) if chains != before else None  # a checkpoint
                 if back is None:
                     continue
