@@ -26,7 +26,7 @@ that the machine's drift falls on every column alike):
 
 Then one in-process run per size and template of phases.py: where ctx's time goes.
 --startup adds `ctx --version` / `ctx --help` times and the top imports of
-`python -X importtime -c "import otaku_ctx.cli"`.
+`python -X importtime -c "import otaku_ctx.cli.app"`.
 
 Generated stories and otaku's venv live in the cache folder (--cache-dir, default
 ~/.cache/otaku-ctx-bench), never in the repository. A process slower than --slow seconds is
@@ -284,7 +284,7 @@ def startup(s: Setup, args: argparse.Namespace) -> None:
         m = measure([*s.ctx, flag], s.env, s.scratch, args.repeats, args.slow, args.timeout)
         print(f"{'ctx ' + flag:<34} {m.cell():>8} {m.rss:>7.0f}MB")
     done = subprocess.run(
-        [s.python, "-X", "importtime", "-c", "import otaku_ctx.cli"], env=s.env, capture_output=True, text=True
+        [s.python, "-X", "importtime", "-c", "import otaku_ctx.cli.app"], env=s.env, capture_output=True, text=True
     )
     rows = []
     for line in done.stderr.splitlines():
@@ -295,8 +295,8 @@ def startup(s: Setup, args: argparse.Namespace) -> None:
     if not rows:
         print(f"\nimporttime: no output ({done.stderr.strip()[-200:]})")
         return
-    whole = next((t for _, t, name in rows if name.strip() == "otaku_ctx.cli"), max(t for _, t, _ in rows))
-    print(f"\n`python -X importtime -c 'import otaku_ctx.cli'`: {whole / 1000:.0f}ms in all; top 20 by own time\n")
+    whole = next((t for _, t, name in rows if name.strip() == "otaku_ctx.cli.app"), max(t for _, t, _ in rows))
+    print(f"\n`python -X importtime -c 'import otaku_ctx.cli.app'`: {whole / 1000:.0f}ms in all; top 20 by own time\n")
     print(f"{'own':>8} {'cumulative':>11}  module")
     for own, total, name in sorted(rows, reverse=True)[:20]:
         print(f"{own / 1000:>6.1f}ms {total / 1000:>9.1f}ms  {name.strip()}")

@@ -37,12 +37,12 @@ def main(argv: list[str]) -> int:
         clock = now
 
     start = clock
-    import otaku_ctx.cli  # noqa: F401 - what every run pays before it does anything
-    from otaku_ctx.assembler import assemble
+    import otaku_ctx.cli.app  # noqa: F401 - what every run pays before it does anything
+    from otaku_ctx.assemble import assemble
     from otaku_ctx.build import budget_of, renderer_for, shape_of
     from otaku_ctx.config import load_settings
-    from otaku_ctx.pricing import TemplatePricer
-    from otaku_ctx.readers import read_story
+    from otaku_ctx.render.pricing import TemplatePricer
+    from otaku_ctx.story.detect import read_story
     from otaku_ctx.tokens import make_counter
 
     overrides = {}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from otaku_ctx.lookup import load_template  # noqa: E402
+from otaku_ctx.render.lookup import load_template  # noqa: E402
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
     context = {"chatMessages": chat, "postHistory": {"targetIndex": args.messages - 1, "hasContent": False}}
     print(f"{args.messages} messages, median of {args.runs} runs")
     for name in ("default", "serene", "sillytavern"):
-        template = load_template(name, None)
+        template = load_template(name)
         times = []
         for _ in range(args.runs):
             start = time.perf_counter()

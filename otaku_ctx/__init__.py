@@ -13,38 +13,38 @@ __version__ = "0.1.0"
 
 # name → the module (within otaku_ctx) that defines it
 _HOMES = {
-    "add_cards": "cards",
-    "assemble": "assembler",
-    "Assembly": "assembler",
+    "add_cards": "story.cards",
+    "assemble": "assemble",
+    "Assembly": "assemble",
     "Budget": "build",
     "build": "build",
     "Built": "build",
-    "Card": "model",
+    "Card": "story.model",
     "compile_template": "hbs",
     "ConfigError": "errors",
     "ContextOverflow": "errors",
-    "detect_format": "readers",
-    "Format": "formats",
-    "load_format": "formats",
+    "detect_format": "story.detect",
+    "Format": "render.formats",
+    "load_format": "render.formats",
     "load_settings": "config",
     "make_counter": "tokens",
-    "Message": "model",
+    "Message": "story.model",
     "open_story": "build",
     "OtakuError": "errors",
-    "Part": "assembler",
-    "Pricer": "assembler",
-    "read_card": "cards",
-    "read_story": "readers",
-    "Refusal": "assembler",
-    "Scene": "model",
+    "Part": "assemble",
+    "Pricer": "assemble",
+    "read_card": "story.cards",
+    "read_story": "story.detect",
+    "Refusal": "assemble",
+    "Scene": "story.model",
     "Settings": "config",
-    "Shape": "assembler",
-    "Story": "model",
+    "Shape": "assemble",
+    "Story": "story.model",
     "StoryError": "errors",
-    "StoryInfo": "model",
+    "StoryInfo": "story.model",
     "Template": "hbs",
     "TemplateError": "errors",
-    "to_native_lines": "convert",
+    "to_native_lines": "story.convert",
     "TokenCounter": "tokens",
 }
 
@@ -95,14 +95,14 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # what type checkers and editors see
-    from .assembler import Assembly, Part, Pricer, Refusal, Shape, assemble
+    from .assemble import Assembly, Part, Pricer, Refusal, Shape, assemble
     from .build import Budget, Built, build, open_story
-    from .cards import add_cards, read_card
     from .config import Settings, load_settings
-    from .convert import to_native_lines
     from .errors import ConfigError, ContextOverflow, OtakuError, StoryError, TemplateError
-    from .formats import Format, load_format
     from .hbs import Template, compile_template
-    from .model import Card, Message, Scene, Story, StoryInfo
-    from .readers import detect_format, read_story
+    from .render.formats import Format, load_format
+    from .story.cards import add_cards, read_card
+    from .story.convert import to_native_lines
+    from .story.detect import detect_format, read_story
+    from .story.model import Card, Message, Scene, Story, StoryInfo
     from .tokens import TokenCounter, make_counter

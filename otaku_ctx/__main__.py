@@ -6,18 +6,18 @@ import os
 import sys
 from typing import NoReturn
 
-BROKEN_PIPE = 141  # cli.ExitStatus.BROKEN_PIPE, kept here so `--version` imports nothing
+from .status import ExitStatus
 
 
 def entry() -> None:
-    """The console script. `ctx --version` needs nothing but the version, so it imports nothing."""
+    """The console script. `ctx --version` needs nothing but the version, so it imports nothing else."""
     argv = sys.argv[1:]
     if argv == ["--version"]:
         from . import __version__
 
         sys.stdout.write(f"ctx {__version__}\n")
         sys.exit(0)
-    from .cli import main
+    from .cli.app import main
 
     leave(main(argv))
 
@@ -36,7 +36,7 @@ def leave(code: int) -> NoReturn:
             if stream is not None:
                 stream.flush()
         except BrokenPipeError:
-            code = BROKEN_PIPE if stream is sys.stdout else code
+            code = ExitStatus.BROKEN_PIPE if stream is sys.stdout else code
         except (OSError, ValueError):  # a stream already closed or failing: nothing left to save
             pass
     os._exit(code)

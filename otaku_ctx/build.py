@@ -12,22 +12,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .assembler import Assembly, Policy, Shape, assemble
-from .blocks import Block
-from .config import Settings, otaku_home
-from .emit import EMITS, PromptRenderer
-from .emit import _sections as sections_of
+from .assemble import Assembly, Policy, Shape, assemble
+from .config import Settings
 from .errors import ConfigError, UsageError
 from .hbs import bound_for_window
-from .lookup import find_format, load_template
+from .hbs.blocks import Block
 from .lore import IDF_MESSAGES, MOST_REPLAY, MOST_SCAN_DEPTH, ChatLine, LoreChoice, choose, rules_of
-from .model import LoreEntry, Message, Story
-from .names import ResolvedNames, resolve_names
-from .presets import for_format as bind_preset
-from .pricing import TemplatePricer
-from .readers import read_story
+from .render.emit import EMITS, PromptRenderer
+from .render.emit import _sections as sections_of
+from .render.lookup import find_format, load_template
+from .render.names import ResolvedNames, resolve_names
+from .render.presets import for_format as bind_preset
+from .render.pricing import TemplatePricer
+from .render.variables import OPEN_MARK, Variables
+from .story.detect import read_story
+from .story.model import LoreEntry, Message, Story
 from .tokens import TokenCounter, make_counter
-from .variables import OPEN_MARK, Variables
 
 # The most chat messages lore ever reads: TF-IDF's window, the turns replayed, the deepest scan.
 LORE_READS = IDF_MESSAGES + MOST_REPLAY + MOST_SCAN_DEPTH
@@ -103,7 +103,7 @@ def open_story(
     file as a card message at the start."""
     story = read_story(path, source_format, conversation)
     if cards:
-        from .cards import add_cards, read_card
+        from .story.cards import add_cards, read_card
 
         story = add_cards(story, [read_card(card) for card in cards])
     return story
@@ -117,12 +117,11 @@ def renderer_for(
     if emit not in EMITS:
         raise ValueError(f"unknown emit form {emit!r}; expected one of {', '.join(EMITS)}")  # the CLI offers only these
     p = settings.prompt
-    home = otaku_home()
     variables = Variables(story, names_for(story, settings).names, p, lore or LoreChoice.empty())
     with _usage_if_unknown(settings, "prompt.template", p.template):
-        template = load_template(p.template, home)
+        template = load_template(p.template)
     with _usage_if_unknown(settings, "prompt.format", p.format):
-        format = find_format(p.format, home)
+        format = find_format(p.format)
     template = bind_preset(template, format)  # a context preset renders for its format
     m = settings.model
     bound = bound_for_window(m.window)
@@ -151,7 +150,7 @@ def _usage_if_unknown(settings: Settings, key: str, name: str) -> Iterator[None]
 def lore_entries(story: Story, settings: Settings) -> tuple[LoreEntry, ...]:
     """Every World Info entry in play: the story's own lore lines, the `[lore] files` (or
     `--lore`), and the lorebooks of the story's cards (bound to their characters)."""
-    from .readers.worldinfo import read_world_info
+    from .story.worldinfo import read_world_info
 
     books = tuple(e for f in settings.lore.files for e in read_world_info(Path(f)))
     cards = [m.card for m in story.cards if m.card] + list(story.info.cast)

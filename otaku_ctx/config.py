@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .errors import ConfigError, UsageError
+from .locations import config_path
 from .tokens import TOKENIZERS
 
 DEFAULT_CARD_TEMPLATE = (
@@ -137,16 +137,6 @@ def keys(section: str) -> tuple[Field[Any], ...]:
     return fields(SECTIONS[section])
 
 
-def otaku_home() -> Path:
-    """The otaku directory: `$OTAKU_HOME`, else `~/.otaku`."""
-    env = os.environ.get("OTAKU_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".otaku"
-
-
-def default_config_path() -> Path:
-    return otaku_home() / "configs" / "config.toml"
-
-
 @dataclass(frozen=True)
 class Settings:
     """The effective settings. `sources` maps "section.key" to where its value came from: "default",
@@ -245,7 +235,7 @@ def load_settings(
     """
     values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
     sources: dict[str, str] = {}
-    path = path or default_config_path()
+    path = path or config_path()
     read: Path | None = None
     if path.is_dir():
         raise ConfigError(str(path), None, "is a directory; name the config file inside it")

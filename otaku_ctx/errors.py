@@ -1,14 +1,16 @@
-"""The core's own exceptions; `cli.py` turns each into one line on stderr and an exit code."""
+"""The core's own exceptions, each with its exit status; the CLI turns each into one line on stderr."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from .status import ExitStatus
+
 
 class OtakuError(Exception):
     """Base of every error the core raises on purpose (bad input, bad config, refusal)."""
 
-    exit_code = 1
+    exit_code = ExitStatus.ERROR
 
 
 class StoryError(OtakuError):
@@ -42,7 +44,7 @@ class ConfigError(OtakuError):
 class UsageError(ConfigError):
     """A bad value given on the command line: a usage error (exit 2), named by its flag."""
 
-    exit_code = 2
+    exit_code = ExitStatus.USAGE
 
 
 class TemplateError(OtakuError):
@@ -67,7 +69,7 @@ class TemplateError(OtakuError):
 class ContextOverflow(OtakuError):
     """Case 6: nothing fits the window. Carries the assembler's refusal (an `Assembly`)."""
 
-    exit_code = 3
+    exit_code = ExitStatus.REFUSED
 
     def __init__(self, assembly: object, message: str) -> None:
         self.assembly = assembly

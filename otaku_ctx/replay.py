@@ -23,12 +23,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .blocks import Block
 from .build import build
 from .config import Settings
 from .errors import UsageError
-from .formats import Format, render_messages, text_pieces
-from .model import Story
+from .hbs.blocks import Block
+from .render.formats import Format, render_messages, text_pieces
+from .story.model import Story
 from .tokens import common_length, make_counter
 
 Tokens = list[int] | list[str]

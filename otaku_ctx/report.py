@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from .assembler import (
+from .assemble import (
     Assembly,
     ChainFound,
     ChainStop,
@@ -31,8 +31,8 @@ from .assembler import (
 )
 from .build import Budget, Built
 from .lore import LoreChoice, LoreDecision, position_name, role_name
-from .model import Message
-from .names import ResolvedNames
+from .render.names import ResolvedNames
+from .story.model import Message
 
 # ── Sentences ────────────────────────────────────────────────────────────────────────────
 

@@ -24,7 +24,7 @@ EXAMPLES = (CASE3, CASE4)
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
     """`ctx ARGV` in-process: (exit code, stdout, stderr)."""
-    from otaku_ctx.cli import main
+    from otaku_ctx.cli.app import main
 
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()
@@ -46,6 +46,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def long_story():
     """318 messages, 15 scenes with summaries and histories: under a 40k window it spends its
     last turns in case 5 (tests/fixtures/README.md)."""
-    from otaku_ctx.readers import read_story
+    from otaku_ctx.story.detect import read_story
 
     return read_story(FIXTURES / "replay-long.jsonl")

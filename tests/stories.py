@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from otaku_ctx.model import Card, Message, Scene, Story
+from otaku_ctx.story.model import Card, Message, Scene, Story
 
 
 def story(

@@ -8,12 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_properties import chained_stories, check_invariants, shapes
 
-from otaku_ctx.assembler import Assembly, Policy, Shape, assemble, covered_chain, head, recap_at_level, rungs, tail
+from otaku_ctx.assemble import Assembly, Policy, Shape, assemble, covered_chain, head, recap_at_level, rungs, tail
 from otaku_ctx.build import renderer_for
 from otaku_ctx.config import load_settings
-from otaku_ctx.model import Story
-from otaku_ctx.pricing import TemplatePricer
+from otaku_ctx.render.pricing import TemplatePricer
 from otaku_ctx.replay import story_at
+from otaku_ctx.story.model import Story
 from otaku_ctx.tokens import make_counter
 
 STABLE = Policy("stable")
@@ -168,7 +168,7 @@ def _brute_first_fit(walk, n: int, bound: int, floor, stop):  # noqa: ANN001, AN
 def test_the_walks_first_fit_is_the_first_candidate_that_fits(s: Story, shape: Shape, data: st.DataObject) -> None:
     """Pricing a chain once and finding its level by bisection picks what pricing every
     candidate in the seed's order would pick."""
-    from otaku_ctx.assembler import _Search, _Stable
+    from otaku_ctx.assemble import _Search, _Stable
 
     renderer = renderer_for(s, load_settings())
     walk = _Stable(_Search(s, shape, 10**9, 0, TemplatePricer(renderer, COUNTER)), 0.03)

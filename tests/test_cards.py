@@ -12,9 +12,9 @@ import pytest
 from conftest import FIXTURES
 from stories import chunk, png
 
-from otaku_ctx.cards import add_cards, read_card
 from otaku_ctx.errors import StoryError
-from otaku_ctx.model import Card, Message, Scene, Story
+from otaku_ctx.story.cards import add_cards, read_card
+from otaku_ctx.story.model import Card, Message, Scene, Story
 
 CARD_PNG = FIXTURES / "sillytavern" / "seraphina-card.png"
 

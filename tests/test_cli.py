@@ -9,7 +9,7 @@ import pytest
 from conftest import CASE3, CASE4, FIXTURES, REPO, run
 from stories import story, to_records, write_jsonl
 
-from otaku_ctx.cli import main
+from otaku_ctx.cli.app import main
 from otaku_ctx.config import default_toml
 from otaku_ctx.tokens import make_counter
 

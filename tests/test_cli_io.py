@@ -16,8 +16,10 @@ import pytest
 import typer.main
 from conftest import CASE3, FIXTURES, REPO
 
-from otaku_ctx.cli import ExitStatus, Terminal, app, main
-from otaku_ctx.readers import READERS
+from otaku_ctx.cli.app import app, main
+from otaku_ctx.cli.terminal import Terminal
+from otaku_ctx.status import ExitStatus
+from otaku_ctx.story.detect import READERS
 
 
 class Pipe(io.BytesIO):
@@ -169,10 +171,21 @@ def test_real_process_whose_reader_went_away_exits_141_quietly():
     assert (done.returncode, done.stderr) == (ExitStatus.BROKEN_PIPE, b"")
 
 
-def test_the_console_script_leaves_with_the_cli_broken_pipe_status():
-    from otaku_ctx import __main__
-
-    assert __main__.BROKEN_PIPE == ExitStatus.BROKEN_PIPE
+def test_ctx_version_imports_nothing_but_the_exit_statuses():
+    """`ctx --version` answers before the CLI is imported; the console script takes its
+    exit statuses from `status`, the one place that defines them, not from a copy."""
+    script = (
+        "import sys\n"
+        "from otaku_ctx.__main__ import entry\n"
+        "sys.argv = ['ctx', '--version']\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('otaku_ctx'))\n"
+        "print(loaded, file=sys.stderr)\n"
+        "entry()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert done.stderr.strip() == "['otaku_ctx', 'otaku_ctx.__main__', 'otaku_ctx.status']"
+    assert done.stdout.startswith("ctx ") and done.returncode == 0
 
 
 def test_a_build_of_an_english_story_imports_only_what_it_uses(tmp_path):
@@ -181,7 +194,7 @@ def test_a_build_of_an_english_story_imports_only_what_it_uses(tmp_path):
     tempfile for writing a file."""
     script = (
         "import sys\n"
-        "from otaku_ctx.cli import main\n"
+        "from otaku_ctx.cli.app import main\n"
         f"status = main(['build', {str(CASE3)!r}])\n"
         "heavy = ('regex', 'pybars', 'tiktoken', 'tempfile', 'secrets', 'random')\n"
         "loaded = [m for m in sys.modules if m.split('.')[0] in heavy and m != 'tiktoken._tiktoken']\n"
@@ -291,8 +304,8 @@ def test_shell_completion_is_offered():
 
 
 def test_choices_are_the_cores():
-    from otaku_ctx.cli import Emit, SourceFormat
-    from otaku_ctx.emit import EMITS
+    from otaku_ctx.cli.options import Emit, SourceFormat
+    from otaku_ctx.render.emit import EMITS
 
     assert [e.value for e in Emit] == list(EMITS)
     assert [s.value for s in SourceFormat] == list(READERS)
@@ -416,7 +429,7 @@ def test_json_nested_past_reason_is_one_line_anywhere(tmp_path, argv, name, text
 
 
 def test_a_run_naming_a_command_builds_only_that_command() -> None:
-    from otaku_ctx.cli import app_for
+    from otaku_ctx.cli.app import app_for
 
     assert [c.name for c in app_for(["build", "story.jsonl"], {}).registered_commands] == ["build"]
     assert app_for(["build", "story.jsonl"], {}).registered_groups == []

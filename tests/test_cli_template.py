@@ -8,7 +8,9 @@ from pathlib import Path
 
 from conftest import CASE4
 
-from otaku_ctx.cli import ExitStatus, Terminal, main
+from otaku_ctx.cli.app import main
+from otaku_ctx.cli.terminal import Terminal
+from otaku_ctx.status import ExitStatus
 
 
 def ctx(*argv: str | Path) -> tuple[int, str, str]:

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 from test_properties import chained_stories, shapes
 from test_properties import run as run_invariants
 
-from otaku_ctx.blocks import Block
 from otaku_ctx.build import build, open_story
 from otaku_ctx.config import load_settings
 from otaku_ctx.errors import ConfigError
 from otaku_ctx.hbs import compile_template
-from otaku_ctx.presets import (
+from otaku_ctx.hbs.blocks import Block
+from otaku_ctx.render.presets import (
     ContextPreset,
     PresetTemplate,
     example_blocks,
@@ -67,8 +67,8 @@ def test_story_string_in_instruct_mode_is_sillytavern_s(name: str) -> None:
     preset = parse_context_preset(json.loads((ST / "context" / f"{name}.json").read_text()), name)
     template = PresetTemplate(preset, compile_template(story_source(preset), name), instruct=True)
     story = open_story(CHAT)
-    from otaku_ctx.names import Names
-    from otaku_ctx.variables import Variables
+    from otaku_ctx.render.names import Names
+    from otaku_ctx.render.variables import Variables
 
     variables = Variables(story, Names("Ilya", "Wren")).for_assembly([], [], [])
     text = story_string_text(template.story, template.params(variables), instruct=True, wrap=WRAP[name])
@@ -151,12 +151,12 @@ def test_example_blocks(examples: str, separator: str, instruct: bool, expected:
 
 
 def _render(preset: ContextPreset, *, instruct: bool = False) -> list[Block]:
-    from otaku_ctx.names import Names
-    from otaku_ctx.variables import Variables
+    from otaku_ctx.render.names import Names
+    from otaku_ctx.render.variables import Variables
 
     story = open_story(CHAT)
     variables = Variables(story, Names("Ilya", "Wren"))
-    from otaku_ctx.assembler import Part
+    from otaku_ctx.assemble import Part
 
     tail = [Part.verbatim(m) for m in story.messages]
     template = PresetTemplate(preset, compile_template(story_source(preset), "t"), instruct=instruct)

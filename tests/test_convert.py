@@ -12,12 +12,12 @@ from conftest import FIXTURES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otaku_ctx.cards import add_cards, read_card
-from otaku_ctx.convert import to_native_lines, to_native_text
 from otaku_ctx.errors import StoryError
 from otaku_ctx.files import write_atomic
-from otaku_ctx.model import Card, Message, Scene, Story, StoryInfo
-from otaku_ctx.readers import read_story
+from otaku_ctx.story.cards import add_cards, read_card
+from otaku_ctx.story.convert import to_native_lines, to_native_text
+from otaku_ctx.story.detect import read_story
+from otaku_ctx.story.model import Card, Message, Scene, Story, StoryInfo
 
 NATIVE_STORY = [
     {

@@ -10,11 +10,11 @@ from conftest import FIXTURES, REPO
 from hypothesis import given
 from hypothesis import strategies as st
 
-from otaku_ctx.blocks import Block
 from otaku_ctx.errors import ConfigError
-from otaku_ctx.formats import (
+from otaku_ctx.hbs.blocks import Block
+from otaku_ctx.locations import shipped
+from otaku_ctx.render.formats import (
     Format,
-    builtin_dirs,
     format_names,
     load_format,
     merge_blocks,
@@ -52,7 +52,7 @@ CONVERSATION = [
 
 
 def builtin(name: str) -> Format:
-    return load_format(name, builtin_dirs())
+    return load_format(name, [shipped("formats")])
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -130,7 +130,7 @@ def test_four_block_conversation_renders_exactly(name: str) -> None:
 
 
 def test_every_shipped_format_has_an_expected_rendering() -> None:
-    assert set(format_names(builtin_dirs())) == set(BUILTINS) == set(EXPECTED)
+    assert set(format_names([shipped("formats")])) == set(BUILTINS) == set(EXPECTED)
 
 
 @pytest.mark.parametrize(
@@ -390,8 +390,8 @@ def test_preset_ignores_unknown_keys_but_not_wrong_types(tmp_path: Path) -> None
 
 def test_a_bare_name_is_found_in_the_first_search_dir_that_has_it(tmp_path: Path) -> None:
     write(tmp_path, "chatml.toml", 'name = "Mine"\n')
-    assert load_format("chatml", [tmp_path, *builtin_dirs()]).name == "Mine"
-    assert load_format("llama3", [tmp_path, *builtin_dirs()]).bos == "<|begin_of_text|>"
+    assert load_format("chatml", [tmp_path, shipped("formats")]).name == "Mine"
+    assert load_format("llama3", [tmp_path, shipped("formats")]).bos == "<|begin_of_text|>"
 
 
 def test_a_toml_path_is_read_as_it_is(tmp_path: Path) -> None:
@@ -400,13 +400,18 @@ def test_a_toml_path_is_read_as_it_is(tmp_path: Path) -> None:
     assert (fmt.name, fmt.input_sequence, fmt.wrap, fmt.chat) == ("mine", "> ", True, False)
 
 
-def test_builtin_dirs_find_the_source_checkout() -> None:
-    assert REPO / "configs" / "formats" in builtin_dirs()
+def test_the_shipped_formats_are_found_through_the_package() -> None:
+    """A checkout finds them where an installed wheel does: `otaku_ctx/configs` (a link to
+    the top-level `configs/` here), the folder importlib.resources names for the package."""
+    from importlib.resources import files
+
+    assert shipped("formats").resolve() == REPO / "configs" / "formats"
+    assert shipped("formats") == Path(str(files("otaku_ctx") / "configs" / "formats"))
 
 
 def test_an_unknown_name_lists_the_known_ones() -> None:
     with pytest.raises(ConfigError, match="no such format.*chatml"):
-        load_format("chatmll", builtin_dirs())
+        load_format("chatmll", [shipped("formats")])
 
 
 @pytest.mark.parametrize(

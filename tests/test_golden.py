@@ -14,7 +14,7 @@ from conftest import EXAMPLES, REPO
 
 from otaku_ctx.build import build, open_story
 from otaku_ctx.config import load_settings
-from otaku_ctx.emit import EMITS
+from otaku_ctx.render.emit import EMITS
 
 GOLDEN = Path(__file__).parent / "golden"
 TEMPLATES = sorted(p.stem for p in (REPO / "configs" / "templates").glob("*.hbs"))

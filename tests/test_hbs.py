@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from otaku_ctx.blocks import Block
 from otaku_ctx.errors import TemplateError
 from otaku_ctx.hbs import compile_template
+from otaku_ctx.hbs.blocks import Block
 
 SERENE = Path(__file__).resolve().parents[1] / "configs" / "templates" / "serene.hbs"
 

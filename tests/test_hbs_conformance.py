@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from conftest import FIXTURES, REPO
 
-from otaku_ctx.cli import Terminal, main
+from otaku_ctx.cli.app import main
+from otaku_ctx.cli.terminal import Terminal
 from otaku_ctx.errors import TemplateError
 from otaku_ctx.hbs import compile_template
 

@@ -11,11 +11,12 @@ import pytest
 
 from otaku_ctx.config import DEFAULT_CARD_TEMPLATE
 from otaku_ctx.errors import TemplateError
-from otaku_ctx.hbs import cached_template, compile_template
+from otaku_ctx.hbs import Template, cached_template, compile_template
 from otaku_ctx.hbs import compile as hbs_compile
 from otaku_ctx.hbs.program import ENGINE_VERSION, FORMAT, DamagedProgram, link
-from otaku_ctx.hbs.ship import shipped_programs
-from otaku_ctx.hbs.store import shipped_dir, template_key
+from otaku_ctx.hbs.store import template_key
+from otaku_ctx.locations import shipped, template_cache
+from otaku_ctx.render.ship import shipped_programs
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "configs" / "templates"
@@ -25,6 +26,11 @@ USER_TEMPLATE = (
     "{{#each chatMessages as |m i|}}{{#userBlock}}{{i}} {{m.name}}: {{json m.message}}{{/userBlock}}{{/each}}"
 )
 CONTEXT = {"title": "T", "chatMessages": [{"name": "Mara", "message": "Hi"}, {"name": "Ilya", "message": "Yo"}]}
+
+
+def cached(source: str, name: str, cache: Path | None = None) -> Template:
+    """The store as `ctx` uses it: the shipped programs, then the user's cache (`locations`)."""
+    return cached_template(source, name, shipped=shipped("templates/compiled"), cache=cache or template_cache())
 
 
 def program_of(source: str) -> list:
@@ -42,12 +48,12 @@ def refuse_to_parse(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_every_shipped_program_is_up_to_date_with_its_source() -> None:
-    folder = shipped_dir()
+    folder = shipped("templates/compiled").resolve()
     assert folder == TEMPLATES / "compiled"
     wanted = shipped_programs(TEMPLATES)
     found = {path.name: path.read_text(encoding="utf-8") for path in folder.glob("*.json")}
     stale = sorted(set(found) ^ set(wanted)) + sorted(n for n in wanted if n in found and found[n] != wanted[n])
-    assert not stale, f"stale shipped programs {stale}: run `python -m otaku_ctx.hbs.ship` and commit the result"
+    assert not stale, f"stale shipped programs {stale}: run `python -m otaku_ctx.render.ship` and commit the result"
     labels = {json.loads(text)["source"] for text in wanted.values()}
     assert labels == {"configs/templates/default.hbs", "configs/templates/serene.hbs",
                       "configs/templates/sillytavern.hbs", "otaku_ctx.config.DEFAULT_CARD_TEMPLATE"}  # fmt: skip
@@ -57,17 +63,17 @@ def test_every_shipped_program_is_up_to_date_with_its_source() -> None:
 def test_shipped_templates_load_without_parsing(source: str, monkeypatch: pytest.MonkeyPatch) -> None:
     expected = compile_template(source, "t").render(CONTEXT)
     refuse_to_parse(monkeypatch)
-    assert cached_template(source, "t").render(CONTEXT) == expected
+    assert cached(source, "t").render(CONTEXT) == expected
 
 
 def test_a_normal_run_never_imports_the_parser(tmp_path: Path) -> None:
     """Render every shipped template (and the default card template) in a fresh interpreter."""
     script = (
         "import sys\n"
-        "from otaku_ctx.lookup import load_template, compiled\n"
+        "from otaku_ctx.render.lookup import load_template, compiled\n"
         "from otaku_ctx.config import DEFAULT_CARD_TEMPLATE\n"
         "for name in ('default', 'serene', 'sillytavern'):\n"
-        "    load_template(name, None).render({'chatMessages': [{'name': 'A', 'message': 'hi'}]})\n"
+        "    load_template(name).render({'chatMessages': [{'name': 'A', 'message': 'hi'}]})\n"
         "compiled(DEFAULT_CARD_TEMPLATE, 'card').render_text({'name': 'Ilya'})\n"
         "print(sorted(m for m in sys.modules if m.startswith(('pybars', 'pymeta'))))\n"
     )
@@ -85,12 +91,12 @@ def test_a_user_template_is_parsed_once_then_read_from_the_cache(
     otaku_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     entry = otaku_home / "cache" / "templates" / f"{template_key(USER_TEMPLATE)}.json"
-    first = cached_template(USER_TEMPLATE, "mine.hbs").render(CONTEXT)
+    first = cached(USER_TEMPLATE, "mine.hbs").render(CONTEXT)
     stored = json.loads(entry.read_text(encoding="utf-8"))
     assert (stored["format"], stored["engine"], stored["source"]) == (FORMAT, ENGINE_VERSION, "mine.hbs")
     assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # no temp file left behind
     refuse_to_parse(monkeypatch)
-    assert cached_template(USER_TEMPLATE, "other-name.hbs").render(CONTEXT) == first
+    assert cached(USER_TEMPLATE, "other-name.hbs").render(CONTEXT) == first
 
 
 def test_the_key_changes_with_the_content_and_the_engine_version(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,25 +143,25 @@ def test_a_damaged_cache_entry_is_ignored_and_rebuilt(content: bytes, otaku_home
     entry = otaku_home / "cache" / "templates" / f"{template_key(USER_TEMPLATE)}.json"
     entry.parent.mkdir(parents=True)
     entry.write_bytes(content)
-    assert cached_template(USER_TEMPLATE, "t").render(CONTEXT) == expected
+    assert cached(USER_TEMPLATE, "t").render(CONTEXT) == expected
     assert json.loads(entry.read_text(encoding="utf-8"))["program"] == program_of(USER_TEMPLATE)
 
 
 def test_an_unreadable_cache_entry_is_rebuilt_around(otaku_home: Path) -> None:
     entry = otaku_home / "cache" / "templates" / f"{template_key(USER_TEMPLATE)}.json"
     entry.mkdir(parents=True)  # a directory where the entry should be: cannot be read or replaced
-    assert cached_template(USER_TEMPLATE, "t").render_text(CONTEXT).startswith("T")
+    assert cached(USER_TEMPLATE, "t").render_text(CONTEXT).startswith("T")
 
 
 def test_a_cache_that_cannot_be_written_is_not_an_error(tmp_path: Path) -> None:
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
-    assert cached_template(USER_TEMPLATE, "t", cache=blocked / "templates").render_text(CONTEXT).startswith("T")
+    assert cached(USER_TEMPLATE, "t", cache=blocked / "templates").render_text(CONTEXT).startswith("T")
 
 
 def test_a_bad_template_is_still_a_template_error_and_is_not_cached(otaku_home: Path) -> None:
     with pytest.raises(TemplateError, match=r"bad\.hbs:1:1: .*never closed"):
-        cached_template("{{#if x}}", "bad.hbs")
+        cached("{{#if x}}", "bad.hbs")
     assert not (otaku_home / "cache" / "templates").exists() or not any((otaku_home / "cache").rglob("*.json"))
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from otaku_ctx.blocks import Block
 from otaku_ctx.build import build, open_story
 from otaku_ctx.config import load_settings
-from otaku_ctx.formats import Format, bind, load_format, render_messages, render_text
+from otaku_ctx.hbs.blocks import Block
+from otaku_ctx.render.formats import Format, bind, load_format, render_messages, render_text
 
 ST = FIXTURES / "sillytavern"
 GOLDEN = ST / "golden"

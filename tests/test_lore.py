@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 from otaku_ctx.build import build, open_story
 from otaku_ctx.config import load_settings
-from otaku_ctx.convert import to_native_text
 from otaku_ctx.errors import StoryError
 from otaku_ctx.lore import ChatLine, LoreChoice, LoreRules, choose
-from otaku_ctx.model import Card, LoreEntry, Message, Story
-from otaku_ctx.readers import read_story
-from otaku_ctx.readers.worldinfo import read_world_info
+from otaku_ctx.story.convert import to_native_text
+from otaku_ctx.story.detect import read_story
+from otaku_ctx.story.model import Card, LoreEntry, Message, Story
+from otaku_ctx.story.worldinfo import read_world_info
 
 ST = FIXTURES / "sillytavern"
 ELDORIA = ST / "eldoria-worldinfo.json"

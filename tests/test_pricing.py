@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from conftest import CASE4, REPO
 
-from otaku_ctx.assembler import Part
+from otaku_ctx.assemble import Part
 from otaku_ctx.build import open_story, renderer_for
 from otaku_ctx.config import load_settings
-from otaku_ctx.pricing import TemplatePricer
+from otaku_ctx.render.pricing import TemplatePricer
 from otaku_ctx.tokens import make_counter
 
 TEMPLATES = sorted(p.stem for p in (REPO / "configs" / "templates").glob("*.hbs"))

@@ -12,7 +12,7 @@ from stories import story, to_records, write_jsonl
 
 from otaku_ctx.build import build, open_story, renderer_for
 from otaku_ctx.config import load_settings
-from otaku_ctx.model import Card, Message, Story, StoryInfo
+from otaku_ctx.story.model import Card, Message, Story, StoryInfo
 from otaku_ctx.tokens import make_counter
 
 PRESETS = sorted((FIXTURES / "sillytavern" / "instruct").glob("*.json"))

@@ -13,11 +13,11 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from otaku_ctx.assembler import Assembly, Shape, assemble
+from otaku_ctx.assemble import Assembly, Shape, assemble
 from otaku_ctx.build import renderer_for
 from otaku_ctx.config import load_settings
-from otaku_ctx.model import Card, Message, Scene, Story
-from otaku_ctx.pricing import TemplatePricer
+from otaku_ctx.render.pricing import TemplatePricer
+from otaku_ctx.story.model import Card, Message, Scene, Story
 from otaku_ctx.tokens import make_counter
 
 WORDS = ["river", "lamp", "{{char}}", "<|endoftext|>", "}}", "Ilya", "the", "\n", "ü", "🙂", "{{#each x}}", "…"]

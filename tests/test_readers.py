@@ -9,7 +9,7 @@ import pytest
 from conftest import FIXTURES
 
 from otaku_ctx.errors import StoryError
-from otaku_ctx.readers import detect_format, read_story
+from otaku_ctx.story.detect import detect_format, read_story
 
 OPENAI = FIXTURES / "openai-messages.jsonl"
 CHAT = FIXTURES / "sillytavern" / "seraphina-chat.jsonl"
@@ -388,7 +388,7 @@ def test_a_legacy_tavernai_chat_reads_as_the_sillytavern_chat_it_is() -> None:
 
 
 def test_a_native_story_with_a_byte_order_mark_reads_from_its_first_line(tmp_path: Path) -> None:
-    from otaku_ctx.readers import check_story
+    from otaku_ctx.story.detect import check_story
 
     path = tmp_path / "bom.jsonl"
     lines = ['{"role": "user", "content": "hi"}', "", '{"role": "assistant", "content": "hello"}']

@@ -12,10 +12,10 @@ from conftest import FIXTURES
 
 from otaku_ctx.build import build, open_story
 from otaku_ctx.config import load_settings
-from otaku_ctx.convert import to_native_text
 from otaku_ctx.errors import StoryError
-from otaku_ctx.names import resolve_names
-from otaku_ctx.readers import read_story
+from otaku_ctx.render.names import resolve_names
+from otaku_ctx.story.convert import to_native_text
+from otaku_ctx.story.detect import read_story
 
 ST115 = FIXTURES / "sillytavern" / "variants" / "st115-unused.jsonl"
 CARD = FIXTURES / "sillytavern" / "seraphina-card.png"

@@ -10,9 +10,9 @@ from conftest import CASE3, CASE4, FIXTURES, run
 from otaku_ctx.build import build
 from otaku_ctx.config import load_settings
 from otaku_ctx.errors import UsageError
-from otaku_ctx.formats import text_pieces
-from otaku_ctx.readers import read_story
+from otaku_ctx.render.formats import text_pieces
 from otaku_ctx.replay import replay, story_at, turn_numbers
+from otaku_ctx.story.detect import read_story
 from otaku_ctx.tokens import common_length
 
 
@@ -84,9 +84,9 @@ def test_prefix_means_the_previous_prompt_less_its_open_turn_starts_the_next() -
 
 
 def _format(s):
-    from otaku_ctx.lookup import find_format
+    from otaku_ctx.render.lookup import find_format
 
-    return find_format(s.prompt.format, None)
+    return find_format(s.prompt.format)
 
 
 def test_stable_reuses_more_than_exact_under_pressure() -> None:

@@ -15,11 +15,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from stories import chunk, png
 
-from otaku_ctx import cards, tokens
-from otaku_ctx.cards import read_card
+from otaku_ctx import tokens
 from otaku_ctx.errors import StoryError
-from otaku_ctx.readers import check_story, read_story
-from otaku_ctx.readers.jsonload import JSONProblem, loads
+from otaku_ctx.story import cards
+from otaku_ctx.story.cards import read_card
+from otaku_ctx.story.detect import check_story, read_story
+from otaku_ctx.story.jsonload import JSONProblem, loads
 
 MESSAGE = '{"role": "user", "content": "Hi"}'
 

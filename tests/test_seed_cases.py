@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 from stories import story
 
-from otaku_ctx.assembler import (
+from otaku_ctx.assemble import (
     Assembly,
     ChainFound,
     FitsRendered,
@@ -293,7 +293,7 @@ def test_a_short_story_is_case_1_however_it_fits():
     ],
 )
 def test_classify_names_the_case_from_the_result(n, recap, target, level, refused, case):
-    from otaku_ctx.assembler import Refusal
+    from otaku_ctx.assemble import Refusal
 
     parts = (Part("summary", scene=story(220, SCENES_220).scenes[0]),) if recap else ()
     a = Assembly(

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from stories import story
 
 from otaku_ctx import tokens
-from otaku_ctx.assembler import Shape, assemble
+from otaku_ctx.assemble import Shape, assemble
 from otaku_ctx.build import renderer_for
 from otaku_ctx.config import load_settings
 from otaku_ctx.errors import ConfigError
-from otaku_ctx.pricing import TemplatePricer
+from otaku_ctx.render.pricing import TemplatePricer
 from otaku_ctx.tokens import make_counter
 
 

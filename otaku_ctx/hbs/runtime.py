@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..blocks import Block
 from ..errors import TemplateError
-from ..model import Role
+from ..story.model import Role
+from .blocks import Block
 
 ROLE_HELPERS: dict[str, Role] = {"systemBlock": "system", "userBlock": "user", "assistantBlock": "assistant"}
 BLOCK_HELPERS = ("if", "unless", "each", "with", *ROLE_HELPERS)

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoryError
-from ..model import Story
 from .jsonload import JSONProblem, raw_decode
+from .model import Story
 from .native import Problem, _lines, _records, parse_records
 
 

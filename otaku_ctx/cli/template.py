@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-# cli.py imports this module last, so everything it needs from cli.py is defined by then.
-from .cli import ConfigPath, Debug, Request, StoryArg, prompt_options
+from .options import ConfigPath, Debug, Request, StoryArg, prompt_options
+from .terminal import terminal, write_stdout
 
 template_app: typer.Typer = typer.Typer(no_args_is_help=True, help="Show a template's variables, or render a template.")
 
@@ -21,11 +21,10 @@ template_app: typer.Typer = typer.Typer(no_args_is_help=True, help="Show a templ
 def vars_cmd(request: Request, story: StoryArg) -> None:
     """Print, as JSON, the variables the template sees for STORY's prompt (the assembly
     `ctx build` chooses with the same options)."""
-    from .build import open_story, template_variables
-    from .cli import terminal, write_stdout
-    from .errors import ContextOverflow
-    from .files import as_regular_file
-    from .report import refusal_message
+    from ..build import open_story, template_variables
+    from ..errors import ContextOverflow
+    from ..files import as_regular_file
+    from ..report import refusal_message
 
     settings = request.settings()
     with as_regular_file(request.story, terminal().stdin) as path:
@@ -53,15 +52,13 @@ def render_cmd(
     """Print TEMPLATE's raw output for the variables in FILE.json: every character the template
     prints, each role block shown inline as [system]...[/system], [user]...[/user] or
     [assistant]...[/assistant] around its text (before blocks are cut and trimmed)."""
-    from .cli import terminal, write_stdout
-    from .config import otaku_home
-    from .hbs import bound_for_window
-    from .lookup import load_template
+    from ..hbs import bound_for_window
+    from ..render.lookup import load_template
 
     variables = _read_vars(vars_file)
-    from .presets import PresetTemplate
+    from ..render.presets import PresetTemplate
 
-    loaded = load_template(template, otaku_home())
+    loaded = load_template(template)
     engine = loaded.story if isinstance(loaded, PresetTemplate) else loaded  # a preset: its story string
     text = engine.render_raw(variables, bound_for_window(0))
     newline = "\n" if terminal().stdout_tty and not text.endswith("\n") else ""
@@ -69,8 +66,8 @@ def render_cmd(
 
 
 def _read_vars(path: Path) -> dict[str, Any]:
-    from .errors import ConfigError
-    from .readers.jsonload import JSONProblem, loads
+    from ..errors import ConfigError
+    from ..story.jsonload import JSONProblem, loads
 
     where = str(path)
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .model import Role
+from ..story.model import Role
 
 
 @dataclass(frozen=True)

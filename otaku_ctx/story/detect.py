@@ -25,8 +25,8 @@ from typing import Any
 
 from ..errors import StoryError
 from ..files import reading
-from ..model import Story
 from .jsonload import JSONProblem, loads
+from .model import Story
 from .native import Problem, check_native, read_native
 
 # name → (module, function); a reader's module is imported only when a file needs it.
@@ -58,7 +58,7 @@ def read_story(path: Path | str, source_format: str | None = None, conversation:
     home = READERS.get(name)
     if home is None:
         raise StoryError(path, None, f"unknown story format {name!r}; expected one of {', '.join(READERS)}")
-    reader: Callable[..., Story] = getattr(import_module(f".{home[0]}", __name__), home[1])
+    reader: Callable[..., Story] = getattr(import_module(f".{home[0]}", __package__), home[1])
     if name in MANY:
         return reader(path, conversation)
     if conversation is not None:

@@ -2,42 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
-from .errors import ConfigError
-from .formats import Format, builtin_dirs, load_format
-from .hbs import Template, cached_template
+from ..errors import ConfigError
+from ..hbs import Template, cached_template
+from ..locations import search_dirs, shipped, template_cache
+from .formats import Format, load_format
 from .presets import PresetTemplate, read_context_preset, story_source
 
 
 @lru_cache(maxsize=64)
 def compiled(source: str, name: str) -> Template:
     """Compile once per run; parse only when no shipped or cached program has it (see hbs.store)."""
-    return cached_template(source, name)
+    return cached_template(source, name, shipped=shipped("templates/compiled"), cache=template_cache())
 
 
-def search_dirs(kind: str, home: Path | None) -> list[Path]:
-    """Where `--template NAME` / `--format NAME` are looked up: the user's
-    `~/.otaku/configs/<kind>/` first, then the shipped `configs/<kind>/`."""
-    dirs = [home / "configs" / kind] if home else []
-    return dirs + [d.parent / kind for d in builtin_dirs()]
-
-
-def load_template(name_or_path: str, home: Path | None) -> Template | PresetTemplate:
+def load_template(name_or_path: str, dirs: Sequence[Path] | None = None) -> Template | PresetTemplate:
     """A template by name (`default`, `serene`, `sillytavern`, or one of the user's) or path;
-    a `.json` path is a SillyTavern context preset (its story string compiled and cached like
-    a template; any other JSON is refused, naming what it is)."""
+        a `.json` path is a SillyTavern context preset (its story string compiled and cached like
+        a template; any other JSON is refused, naming what it is). A name is looked up in `dirs`,
+    by default the user's templates folder and then the shipped one (`locations.search_dirs`)."""
     path = Path(name_or_path).expanduser()
     if path.suffix.lower() == ".json":
         preset = read_context_preset(path)
         return PresetTemplate(preset, compiled(story_source(preset), f"{path} (story_string)"))
     # A file is anything that is there and not a folder: `--template <(...)` is a pipe.
     if not (name_or_path.endswith(".hbs") or (path.exists() and not path.is_dir())):
-        found = [d / f"{name_or_path}.hbs" for d in search_dirs("templates", home)]
+        dirs = search_dirs("templates") if dirs is None else dirs
+        found = [d / f"{name_or_path}.hbs" for d in dirs]
         path = next((p for p in found if p.is_file()), found[-1] if found else path)
         if not path.is_file():
-            names = sorted({p.stem for d in search_dirs("templates", home) if d.is_dir() for p in d.glob("*.hbs")})
+            names = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.hbs")})
             raise ConfigError(name_or_path, None, f"no template named {name_or_path!r}; known: {', '.join(names)}")
     try:
         with path.open(encoding="utf-8", newline="") as file:  # CRLF stays CRLF, as Handlebars.js reads it
@@ -49,5 +46,7 @@ def load_template(name_or_path: str, home: Path | None) -> Template | PresetTemp
     return compiled(source, str(path))
 
 
-def find_format(name_or_path: str, home: Path | None) -> Format:
-    return load_format(name_or_path, search_dirs("formats", home))
+def find_format(name_or_path: str, dirs: Sequence[Path] | None = None) -> Format:
+    """A format by name (looked up in `dirs`, by default the user's and then the shipped
+    formats) or path."""
+    return load_format(name_or_path, search_dirs("formats") if dirs is None else dirs)

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoryError
-from ..model import Story
 from .jsonload import JSONProblem, loads
+from .model import Story
 from .native import _lines, parse_lines
 
 # ShareGPT `from` values as the datasets write them -> roles.

@@ -24,11 +24,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .errors import StoryError
-from .files import reading
+from ..errors import StoryError
+from ..files import reading
+from .jsonload import JSONProblem, loads
 from .model import Card, Message, Story
-from .readers.jsonload import JSONProblem, loads
-from .readers.worldinfo import card_book_entries
+from .worldinfo import card_book_entries
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CARD_KEYWORDS = ("ccv3", "chara")  # in order of preference

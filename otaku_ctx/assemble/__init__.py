@@ -39,7 +39,7 @@ from functools import cached_property
 from itertools import accumulate
 from typing import Literal, NamedTuple, Protocol
 
-from .model import Message, Role, Scene, Story
+from ..story.model import Message, Role, Scene, Story
 
 PartKind = Literal["message", "card", "summary", "history"]
 SceneRef = int | str

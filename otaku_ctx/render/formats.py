@@ -101,9 +101,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .blocks import Block
-from .errors import ConfigError
-from .readers.jsonload import JSONProblem, loads
+from ..errors import ConfigError
+from ..hbs.blocks import Block
+from ..story.jsonload import JSONProblem, loads
 
 NAMES_BEHAVIORS = ("none", "force", "always")
 SYSTEM_PLACEMENTS = ("in_place", "last_user")
@@ -198,13 +198,6 @@ def bind(fmt: Format, user: str, char: str, group: bool = False) -> Format:
 
 
 # --- finding and loading ------------------------------------------------------------------
-
-
-def builtin_dirs() -> list[Path]:
-    """Where the shipped formats are: inside an installed package, or in a source checkout."""
-    here = Path(__file__).parent
-    candidates = [here / "configs" / "formats", here.parent / "configs" / "formats"]
-    return [path for path in candidates if path.is_dir()]
 
 
 def format_names(search_dirs: Sequence[Path]) -> list[str]:

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoryError
-from ..model import Card, Lore, Message, Scene, Story, StoryInfo
+from .model import Card, Lore, Message, Scene, Story, StoryInfo
 from .native import _Builder, _check_scenes, _lines
 
 SUPPORTED_VERSION = 3

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from .assembler import Part
-from .config import PromptSettings
-from .hbs import Template
+from ..assemble import Part
+from ..config import PromptSettings
+from ..hbs import Template
+from ..lore import LoreChoice, LoreDecision
+from ..story.model import LORE_ROLES, Card, Story
 from .lookup import compiled
-from .lore import LoreChoice, LoreDecision
-from .model import LORE_ROLES, Card, Story
 from .names import Names
 from .presets import DEFAULT_EXAMPLE_SEPARATOR, example_blocks
 

@@ -10,14 +10,14 @@ from typing import Annotated
 
 import typer
 
-from .cli import AsJson, Request, StoryArg, app, prompt_options, terminal, write_stdout
+from .options import AsJson, Request, StoryArg, prompt_options
+from .terminal import terminal, write_stdout
 
 First = Annotated[int | None, typer.Option("--first", min=1, metavar="N", help="The first turn (message number).")]
 Last = Annotated[int | None, typer.Option("--last", min=1, metavar="M", help="The last turn (default: the end).")]
 Every = Annotated[int, typer.Option("--every", min=1, metavar="K", help="Messages a turn adds.")]
 
 
-@app.command("replay", short_help="Replay STORY turn by turn and measure prompt-cache reuse.")
 @prompt_options
 def replay_cmd(
     request: Request,
@@ -29,9 +29,9 @@ def replay_cmd(
 ) -> None:
     """Build STORY's prompt at every turn (turn n: messages 1..n and the scenes closed by then)
     and report how often the previous prompt, less its open turn, is a token prefix of the next."""
-    from .build import open_story
-    from .files import as_regular_file
-    from .replay import replay, report
+    from ..build import open_story
+    from ..files import as_regular_file
+    from ..replay import replay, report
 
     settings = request.settings()
     with as_regular_file(request.story, terminal().stdin) as path:

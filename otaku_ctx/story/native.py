@@ -24,8 +24,8 @@ from typing import Any
 
 from ..errors import StoryError
 from ..files import reading
-from ..model import ROLES, Card, Lore, LoreEntry, Message, Scene, Story, StoryInfo
 from .jsonload import JSONProblem, loads
+from .model import ROLES, Card, Lore, LoreEntry, Message, Scene, Story, StoryInfo
 from .worldinfo import entry_from_world_info
 
 CARD_FIELDS = {f.name for f in fields(Card)} - {"tags", "aliases", "book"}

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from .assembler import Assembly, Part
-from .blocks import Block
+from ..assemble import Assembly, Part
+from ..hbs.blocks import Block
+from ..story.model import Message, Role, Scene
+from ..tokens import TokenCounter
 from .emit import PromptRenderer
 from .formats import text_pieces
-from .model import Message, Role, Scene
-from .tokens import TokenCounter
 
 # A chat message costs its content plus the role and the message's own framing; OpenAI's
 # published rule for cl100k chat models is 3 tokens a message + the role, and 3 to prime

@@ -1,4 +1,4 @@
-"""Regenerate the shipped programs: `python -m otaku_ctx.hbs.ship` after editing a shipped template
+"""Regenerate the shipped programs: `python -m otaku_ctx.render.ship` after editing a shipped template
 (configs/templates/*.hbs or `DEFAULT_CARD_TEMPLATE`) or the engine. A test fails while they are stale."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import DEFAULT_CARD_TEMPLATE
-from .store import artefact, dumps, shipped_dir, template_key
+from ..hbs.store import artefact, dumps, template_key
+from ..locations import shipped
 
 CARD_LABEL = "otaku_ctx.config.DEFAULT_CARD_TEMPLATE"
 
@@ -19,7 +20,7 @@ def shipped_sources(templates: Path) -> dict[str, str]:
 
 def shipped_programs(templates: Path) -> dict[str, str]:
     """File name -> content, for every shipped template, compiled now."""
-    from .compile import compile_program
+    from ..hbs.compile import compile_program
 
     files = {}
     for label, source in shipped_sources(templates).items():
@@ -28,7 +29,7 @@ def shipped_programs(templates: Path) -> dict[str, str]:
 
 
 def main() -> None:
-    folder = shipped_dir() or Path(__file__).resolve().parents[2] / "configs" / "templates" / "compiled"
+    folder = shipped("templates/compiled")
     folder.mkdir(parents=True, exist_ok=True)
     wanted = shipped_programs(folder.parent)
     for stale in folder.glob("*.json"):

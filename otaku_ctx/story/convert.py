@@ -19,9 +19,9 @@ import json
 from dataclasses import fields
 from typing import Any
 
-from .errors import StoryError
+from ..errors import StoryError
 from .model import Card, Lore, LoreEntry, Message, Scene, Story, StoryInfo
-from .readers.worldinfo import WORLD_INFO_NAMES
+from .worldinfo import WORLD_INFO_NAMES
 
 
 def to_native_lines(story: Story) -> list[str]:

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Literal
 
-from .config import LoreSettings
-from .model import LORE_POSITIONS, LORE_ROLES, SELECTIVE_LOGICS, LoreEntry
+from ..config import LoreSettings
+from ..story.model import LORE_POSITIONS, LORE_ROLES, SELECTIVE_LOGICS, LoreEntry
 
 if TYPE_CHECKING:
     import regex

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoryError
-from ..model import Message, Story, StoryInfo
 from .jsonload import JSONProblem, loads
+from .model import Message, Story, StoryInfo
 from .native import _lines
 
 HEADER_KEYS = ("user_name", "character_name", "chat_metadata")

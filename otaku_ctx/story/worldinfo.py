@@ -17,8 +17,8 @@ from typing import Any
 from ..errors import StoryError
 from ..files import reading
 from ..lore import regex_key
-from ..model import LORE_POSITIONS, LORE_ROLES, SELECTIVE_LOGICS, LoreEntry
 from .jsonload import JSONProblem, loads
+from .model import LORE_POSITIONS, LORE_ROLES, SELECTIVE_LOGICS, LoreEntry
 
 # A lorebook is kilobytes to a few megabytes; past this it is not one.
 LOREBOOK_LIMIT = 64 * 2**20

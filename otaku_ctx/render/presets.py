@@ -46,12 +46,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .blocks import Block
-from .errors import ConfigError, TemplateError
+from ..errors import ConfigError, TemplateError
+from ..hbs import Template
+from ..hbs.blocks import Block
+from ..story.jsonload import JSONProblem, loads
+from ..story.model import Role
 from .formats import Format, bind, example_text
-from .hbs import Template
-from .model import Role
-from .readers.jsonload import JSONProblem, loads
 
 # SillyTavern's own defaults (power-user.js at ba6f7b7a).
 DEFAULT_STORY_STRING = (

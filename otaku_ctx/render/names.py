@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .model import Card, Message, Role, Story
+from ..story.model import Card, Message, Role, Story
 
 MACRO = re.compile(r"\{\{(char|user)\}\}|<(USER|BOT)>", re.IGNORECASE)
 

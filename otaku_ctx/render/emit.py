@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .assembler import Assembly, Part
-from .blocks import Block
+from ..assemble import Assembly, Part
+from ..hbs import Template
+from ..hbs.blocks import Block
 from .formats import Format, bind, render_messages, render_text, stop_sequences
-from .hbs import Template
 from .presets import PresetTemplate
 from .presets import for_format as bind_preset
 from .presets import stop_strings as preset_stops

@@ -1,0 +1,145 @@
+"""The `ctx` app: every command registered on it, and `main`, the one error boundary.
+
+Errors are translated once, in `main`, into one line on stderr and an `ExitStatus`. The core
+is imported inside the commands, so `ctx --help` and `ctx --version` do not pay for the
+tokenizer and the template engine."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout, suppress
+from io import StringIO, TextIOWrapper
+from typing import Annotated
+
+import typer
+
+from .. import __version__
+from ..status import ExitStatus
+from .config import config_app
+from .replay import replay_cmd
+from .story import build_cmd, convert_cmd, inspect_cmd, validate_cmd
+from .template import template_app
+from .terminal import PipeClosed, StdoutClosed, Terminal, _terminal, write_stdout
+
+app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    context_settings={"max_content_width": 80},
+    help="Build the prompt for a long roleplay story that fits the model's window.",
+)
+app.command("build", short_help="Print the prompt for STORY.")(build_cmd)
+app.command("inspect")(inspect_cmd)
+app.command("validate", short_help="Report every problem of STORY at once.")(validate_cmd)
+app.command("convert")(convert_cmd)
+app.command("replay", short_help="Replay STORY turn by turn and measure prompt-cache reuse.")(replay_cmd)
+app.add_typer(config_app, name="config")
+app.add_typer(template_app, name="template")
+
+
+def _version(value: bool) -> None:
+    if value:
+        write_stdout(f"ctx {__version__}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    pass
+
+
+def main(argv: list[str] | None = None, io: Terminal | None = None) -> int:
+    """Run `ctx`; every error becomes one line on stderr and its exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    io = io or Terminal.of_process()
+    token = _terminal.set(io)
+    debug = "--debug" in argv
+    try:
+        return _run(argv, io, debug)
+    finally:
+        _terminal.reset(token)
+
+
+def _run(argv: list[str], io: Terminal, debug: bool) -> int:
+    from ..errors import OtakuError
+
+    try:
+        # Typer reports usage errors and help itself, on sys.stdout/sys.stderr, and ends with SystemExit.
+        with _typer_streams(io):
+            app_for(argv, io.environ)(args=argv, prog_name="ctx", standalone_mode=True)
+    except OtakuError as exc:
+        if debug:
+            raise
+        io.say(f"ctx: {exc}")
+        return exc.exit_code
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (ExitStatus.OK if exc.code is None else ExitStatus.ERROR)
+    except (BrokenPipeError, PipeClosed):
+        _silence_stdout()
+        return ExitStatus.BROKEN_PIPE
+    except StdoutClosed:
+        io.say("ctx: stdout is closed, so there is nowhere to print; write to a file with -o FILE")
+        return ExitStatus.ERROR
+    except UnicodeEncodeError as exc:  # text that is not Unicode (a lone surrogate) slipped through
+        if debug:
+            raise
+        io.say(f"ctx: the output holds text that cannot be written as UTF-8 ({exc.reason}); check the story's text")
+        return ExitStatus.ERROR
+    except OSError as exc:  # writing -o into a missing folder, a full disk, ...
+        if debug:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        io.say(f"ctx: {where}{exc.strerror or exc}")
+        return ExitStatus.ERROR
+    except KeyboardInterrupt:
+        return ExitStatus.INTERRUPTED
+    return ExitStatus.OK
+
+
+def app_for(argv: list[str], environ: dict[str, str]) -> typer.Typer:
+    """The app to run. Typer turns every command into a Click command on each run (8 ms
+    here), so a run that names a top-level command gets a copy of `app` holding only that
+    one; its parsing, help and errors are that command's own. Anything else (no command, a
+    group, a typo, shell completion) runs the whole app."""
+    chosen = [c for c in app.registered_commands if argv and c.name == argv[0]]
+    if not chosen or "_CTX_COMPLETE" in environ:
+        return app
+    narrow = copy.copy(app)
+    narrow.registered_commands = chosen
+    narrow.registered_groups = []
+    return narrow
+
+
+@contextmanager
+def _typer_streams(io: Terminal) -> Iterator[None]:
+    """Point sys.stdout and sys.stderr at the terminal's streams while Typer runs."""
+    out = TextIOWrapper(io.stdout, encoding="utf-8", write_through=True) if io.stdout else None
+    err = io.stderr if io.stderr is not None else StringIO()
+    try:
+        with redirect_stderr(err):
+            if out is None:
+                yield
+            else:
+                with redirect_stdout(out):
+                    yield
+    finally:
+        if out is not None:
+            with suppress(ValueError, OSError):
+                out.flush()
+            out.detach()
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so the interpreter's final flush is quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass

@@ -1,0 +1,135 @@
+"""The commands on a story: `ctx build`, `ctx inspect`, `ctx validate`, `ctx convert`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..status import ExitStatus
+from .options import (
+    AsJson,
+    Cards,
+    ConfigPath,
+    Conversation,
+    Debug,
+    Force,
+    From,
+    Request,
+    StoryArg,
+    prompt_options,
+    settings_from,
+)
+from .terminal import PipeClosed, show, stdout_of, terminal, write_stdout
+
+
+@prompt_options
+def build_cmd(
+    request: Request,
+    story: StoryArg,
+    output: Annotated[
+        str | None,
+        typer.Option("-o", "--output", metavar="FILE", help="Write the prompt here (atomically), or - for stdout."),
+    ] = None,
+) -> None:
+    """Print the prompt for STORY on stdout (only the prompt; diagnostics go to stderr)."""
+    from ..errors import ContextOverflow
+    from ..files import write_output
+
+    built, _ = request.run()
+    a, io = built.assembly, terminal()
+    if a.refusal or built.prompt is None:
+        from ..report import refusal_message
+
+        assert a.refusal is not None
+        raise ContextOverflow(a, f"{story}: {refusal_message(a.refusal, built.budget)}")
+    if output is None:
+        # A person at a terminal gets the cursor back on a new line; a pipe gets the prompt exactly.
+        newline = "\n" if io.stdout_tty and not built.prompt.endswith("\n") else ""
+        write_stdout(built.prompt + newline)
+    else:
+        try:
+            write_output(Path(output) if output else None, built.prompt, request.inputs(), stdout_of(io))
+        except BrokenPipeError:  # -o - or -o /dev/stdout into a closed pipe
+            raise PipeClosed from None
+    if io.stderr_tty:
+        io.say(f"case {a.case} · {a.tokens:,} of {a.limit:,} tokens ({built.tokenizer})")
+
+
+@prompt_options
+def inspect_cmd(
+    request: Request,
+    story: StoryArg,
+    explain: Annotated[bool, typer.Option("--explain", help="Also list every step of the search.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Show which case STORY's prompt is, its sections and its budget."""
+    from ..build import names_for
+    from ..report import facts
+
+    built, told = request.run()
+    data = facts(built, told.hidden, names_for(told, request.settings()))
+    if as_json:
+        write_stdout(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+    else:
+        from .views import explain as draw
+
+        show(draw(data, steps=explain))
+    if built.assembly.refusal:
+        raise typer.Exit(ExitStatus.REFUSED)
+
+
+def validate_cmd(
+    story: StoryArg,
+    source_format: From = None,
+    conversation: Conversation = None,
+    config: ConfigPath = None,
+    debug: Debug = False,
+) -> None:
+    """Report every problem of STORY at once; exit 1 when any is an error."""
+    from ..files import as_regular_file
+    from ..story.detect import check_story
+
+    settings_from(config)  # a bad --config is reported like everywhere else
+    with as_regular_file(story, terminal().stdin) as path:
+        kind, problems = check_story(path, source_format.value if source_format else None, conversation)
+    shown = "<stdin>" if str(story) == "-" else str(story)
+    for p in problems:
+        terminal().say(
+            f"{shown}:{p.line}: {p.severity}: {p.message}" if p.line else f"{shown}: {p.severity}: {p.message}"
+        )
+    if any(p.severity == "error" for p in problems):
+        raise typer.Exit(ExitStatus.ERROR)
+    warnings = f" ({len(problems)} warning{'s' * (len(problems) != 1)})" if problems else ""
+    terminal().say(f"{shown}: ok, {kind}{warnings}")
+
+
+def convert_cmd(
+    story: StoryArg,
+    output: Annotated[str, typer.Option("-o", "--output", metavar="FILE", help="The native JSONL file to write.")],
+    source_format: From = None,
+    card: Cards = None,
+    conversation: Conversation = None,
+    force: Force = False,
+    config: ConfigPath = None,
+    debug: Debug = False,
+) -> None:
+    """Write STORY (any readable format) as native JSONL, atomically."""
+    from ..build import open_story
+    from ..errors import ConfigError
+    from ..files import as_regular_file, write_output
+    from ..story.convert import to_native_text
+
+    settings_from(config)
+    cards = list(card or [])
+    target = Path(output) if output else None
+    if target and output != "-" and target.is_file() and not force:
+        raise ConfigError(output, None, "already exists; pass --force to overwrite it")
+    with as_regular_file(story, terminal().stdin) as path:
+        converted = open_story(path, source_format.value if source_format else None, cards, conversation)
+    for note in converted.notes:
+        terminal().say(f"ctx: {note}")
+    write_output(target, to_native_text(converted), [story, *cards], stdout_of(terminal()))
+    terminal().say(f"wrote {output}: {len(converted)} messages, {len(converted.scenes)} scenes")
