@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from .assemble import (
-    Assembly,
+from .assemble import Assembly, Refusal, SceneRef
+from .assemble.steps import (
     ChainFound,
     ChainStop,
     FitsRendered,
@@ -20,10 +20,8 @@ from .assemble import (
     Held,
     LevelsOverflow,
     NoHistory,
-    Refusal,
     Refused,
     SameChain,
-    SceneRef,
     Step,
     SummariesOverflow,
     TailOverflow,

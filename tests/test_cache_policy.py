@@ -168,10 +168,11 @@ def _brute_first_fit(walk, n: int, bound: int, floor, stop):  # noqa: ANN001, AN
 def test_the_walks_first_fit_is_the_first_candidate_that_fits(s: Story, shape: Shape, data: st.DataObject) -> None:
     """Pricing a chain once and finding its level by bisection picks what pricing every
     candidate in the seed's order would pick."""
-    from otaku_ctx.assemble import _Search, _Stable
+    from otaku_ctx.assemble.search import Search
+    from otaku_ctx.assemble.stable import Stable
 
     renderer = renderer_for(s, load_settings())
-    walk = _Stable(_Search(s, shape, 10**9, 0, TemplatePricer(renderer, COUNTER)), 0.03)
+    walk = Stable(Search(s, shape, 10**9, 0, TemplatePricer(renderer, COUNTER)), 0.03)
     for _ in range(15):
         n = data.draw(st.integers(1, len(s)))
         every = walk.candidates(n)

@@ -11,18 +11,8 @@ from dataclasses import dataclass, field
 import pytest
 from stories import story
 
-from otaku_ctx.assemble import (
-    Assembly,
-    ChainFound,
-    FitsRendered,
-    Part,
-    Shape,
-    Tried,
-    assemble,
-    classify,
-    covered_chain,
-    rungs,
-)
+from otaku_ctx.assemble import Assembly, Part, Shape, assemble, classify, covered_chain, rungs
+from otaku_ctx.assemble.steps import ChainFound, FitsRendered, Tried
 from otaku_ctx.report import describe, explain_refusal
 
 COST = {"message": 10, "card": 3, "summary": 100, "history": 150}

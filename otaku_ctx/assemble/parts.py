@@ -1,0 +1,154 @@
+"""What a prompt is planned from: the shape settings, the cache policy, the parts, the pricer's
+protocol, and the plan itself (`Assembly`) with its refusal (case 6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from ..story.model import Message, Role, Scene
+from .steps import ChainStop, Step
+
+PartKind = Literal["message", "card", "summary", "history"]
+SceneRef = int | str
+Cache = Literal["exact", "stable"]
+CACHES: tuple[str, ...] = ("exact", "stable")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The numbers of the seed that shape a prompt (the `[context]` settings)."""
+
+    head: int = 20
+    min_tail: int = 150
+    tail_step: int = 50
+    tail_floor: int = 50
+
+    @property
+    def threshold(self) -> int:
+        """The verbatim threshold: head_messages + min_tail_messages (170 by default)."""
+        return self.head + self.min_tail
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a shape is chosen among the candidates that fit (the `[context] cache` settings).
+
+    `exact`: the first candidate that fits, turn by turn (the seed's search as written).
+    `stable`: keep the shape of the previous turns while it is still a candidate and fits, so the
+    prompt's prefix stays byte-stable for a backend's prompt cache; when it must change, move
+    to the first candidate that leaves `slack` (a share of the limit) free for the coming turns;
+    take a less degraded one only when it leaves that slack free (`Stable`)."""
+
+    cache: Cache = "exact"
+    slack: float = 0.03
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of the prompt after the system message: a message or card verbatim, a scene's
+    summary, or a scene's history (the story so far through that scene)."""
+
+    kind: PartKind
+    message: Message | None = None
+    scene: Scene | None = None
+
+    @classmethod
+    def verbatim(cls, message: Message) -> Part:
+        """A message or card that stands as it is (head, tail)."""
+        return cls("card" if message.is_card else "message", message=message)
+
+
+class Pricer(Protocol):
+    """What the assembler needs to know about rendering, in tokens."""
+
+    def fixed(self) -> int:
+        """Tokens every prompt has whatever its parts: system message, template preamble, open turn."""
+        ...
+
+    def part(self, part: Part, after: Role | None) -> int:
+        """Tokens a verbatim message or card of the head or tail adds to the prompt, standing
+        after a turn of role `after` (None: right after the fixed frame)."""
+        ...
+
+    def recap_part(self, part: Part) -> int:
+        """Tokens a recap part (a card, summary or history) adds, standing among other recap parts."""
+        ...
+
+    def recap_opening(self, after: Role | None) -> int:
+        """Tokens a non-empty recap costs once, beyond its parts (its turn's framing, a header),
+        standing after a turn of role `after`."""
+        ...
+
+    def exact(self, assembly: Assembly) -> int:
+        """Tokens of the prompt actually emitted for this assembly."""
+        ...
+
+    def text(self, text: str) -> int:
+        """Tokens of a bare text, without any framing (a quick price for a message's content)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Case 6: why nothing fits, and what would."""
+
+    smallest: int  # tokens of the smallest prompt reached
+    limit: int
+    reserve: int
+    missing_summaries: tuple[SceneRef, ...] = ()
+    missing_histories: tuple[SceneRef, ...] = ()
+    chain_stop: ChainStop | None = None  # why the summaries stop where they do, when the story could fix it
+
+    @property
+    def context(self) -> int:
+        """The context the limit came from (window or max_context)."""
+        return self.limit + self.reserve
+
+    @property
+    def needed_context(self) -> int:
+        """The context (window or max_context) that would fit the smallest prompt and the reserve."""
+        return self.smallest + self.reserve
+
+
+@dataclass(frozen=True)
+class Assembly:
+    """The plan of one prompt and the trace of how it was chosen."""
+
+    messages: int  # N
+    limit: int
+    reserve: int
+    head: tuple[Message, ...] = ()
+    recap: tuple[Part, ...] = ()  # floated cards, history, then cards + summaries, in order
+    tail: tuple[Message, ...] = ()
+    tail_target: int = 0
+    level: int = 0  # 0 = all summaries; k = scene k's history stands in for summaries 1..k
+    tokens: int = 0  # the emitted prompt's count (exact), or the smallest reached on refusal
+    steps: tuple[Step, ...] = ()
+    refusal: Refusal | None = None
+    costs: dict[str, int] = field(default_factory=dict, compare=False)  # tokens by section
+    case: int = 0  # 1–6, named by `classify` once the search is over
+
+    @property
+    def parts(self) -> tuple[Part, ...]:
+        """Every part in prompt order (the system message is the pricer's fixed cost)."""
+        return tuple(map(Part.verbatim, self.head)) + self.recap + tuple(map(Part.verbatim, self.tail))
+
+    @property
+    def history(self) -> Scene | None:
+        return next((p.scene for p in self.recap if p.kind == "history"), None)
+
+    @property
+    def summaries(self) -> tuple[Scene, ...]:
+        return tuple(p.scene for p in self.recap if p.kind == "summary" and p.scene)
+
+    @property
+    def floated_cards(self) -> tuple[Message, ...]:
+        """Cards that float before the history (case 4): those before the history part."""
+        floated: list[Message] = []
+        for p in self.recap:
+            if p.kind == "history":
+                return tuple(floated)
+            if p.message:
+                floated.append(p.message)
+        return ()

@@ -1,0 +1,257 @@
+"""The stable cache policy (docs/caching.md): the seed's candidates, chosen so the prompt's prefix
+holds from turn to turn."""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import accumulate
+
+from ..story.model import Message, Role
+from .parts import Assembly, Part
+from .search import Rung, Search
+from .sections import covered_chain, covered_ends, ends, head, refs, rungs, tail
+from .steps import ChainFound, HeadPriced, Held
+
+# ── The stable policy: a prompt whose prefix holds from turn to turn ────────────────────
+
+
+Candidate = tuple[int, int]  # (covered scenes m, level k): scenes 1..m of the run, level k of them
+
+
+@dataclass
+class Stable:
+    """`cache = "stable"`: the same candidates as the seed's search, chosen so the prompt's
+    prefix survives from one turn to the next.
+
+    A backend reuses its work only for an unchanged prefix, and the exact search changes the
+    shape whenever another candidate fits first (the tail target flips 100 → 50 → 100, the
+    level climbs a step a turn), rewriting all after the head. This policy walks the story's
+    turns from the first message to the last — turn n is the story's first n messages, with
+    the scenes that end by then — holding a shape (covered scenes, level) while it is still
+    one of the seed's candidates at that turn and its parts still fit the limit.
+
+    - It takes a less degraded shape (one before it in the seed's order: fewer covered scenes,
+      a lower level) only when that shape leaves `slack` of the limit free.
+    - When the shape must change, it moves to the first candidate (in the seed's order) that
+      leaves the slack free; when none does, to the first that fits without stepping back;
+      only when none fits at all, to the first that fits.
+    - While the shape holds, it looks for a less degraded one that leaves the slack free only
+      at a checkpoint: a turn where the seed's candidates change, because a scene joins the
+      chain of some tail target. Without this, a shape taken under pressure would stay more
+      degraded than the window needs until the story's end.
+
+    The walk reads nothing but the story: a build of turn N is the N-th turn of a replay,
+    with no state kept between builds. The cost: each message is priced once (every message
+    is in some turn's tail), which the exact search never pays for the covered middle."""
+
+    search: Search
+    slack: float
+
+    def __post_init__(self) -> None:
+        story, shape = self.search.story, self.search.shape
+        self.run = covered_chain(story, shape, -len(story) - 1).scenes  # every scene a chain may hold
+        self.ends = [s.end for s in self.run]
+        pricer, cards = self.search.pricer, self.search.cards
+        self.summaries = [0]
+        self.card_costs = [0]
+        for scene in self.run:
+            self.summaries.append(self.summaries[-1] + pricer.recap_part(Part("summary", scene=scene)))
+            self.card_costs.append(
+                self.card_costs[-1] + sum(pricer.recap_part(Part("card", message=m)) for m in cards(scene))
+            )
+        self.histories = {
+            k: pricer.recap_part(Part("history", scene=s)) for k, s in enumerate(self.run, start=1) if s.history.strip()
+        }
+        # What level k adds to a chain's price (its history in place of summaries 1..k; a level
+        # without a history is never a candidate), and the least of that over levels 1..k: a
+        # chain's first level that fits is then found by bisection, not by pricing each level.
+        self.level_cost = [math.inf] + [
+            self.histories[k] - self.summaries[k] if k in self.histories else math.inf
+            for k in range(1, len(self.run) + 1)
+        ]
+        self.cheapest = list(accumulate(self.level_cost, min))
+        # Each message after the one before it (the first after the frame), in prefix sums.
+        messages = story.messages
+        self.framing: dict[tuple[Role, str | None, Role | None], int] = {}
+        self.prefix = [0]
+        for j, message in enumerate(messages):
+            self.prefix.append(self.prefix[-1] + self.quick(message, messages[j - 1].role if j else None))
+        opening = head(story, shape)
+        self.head_role: Role | None = opening[-1].role if opening else None
+        self.opening = pricer.recap_opening(self.head_role) if self.run else 0
+        self.fixed = pricer.fixed()
+
+    def quick(self, message: Message, after: Role | None) -> int:
+        """A message's price for the walk: its content's tokens and its turn's framing (measured
+        once per role, name and role before), so the walk does not render every message. The
+        prompt of the last turn is priced part by part and counted as emitted, as always."""
+        pricer = self.search.pricer
+        if message.is_card:
+            return pricer.part(Part.verbatim(message), after)
+        key = (message.role, message.name, after)
+        framing = self.framing.get(key)
+        if framing is None:
+            probe = Message(0, message.role, "…", message.name)
+            framing = self.framing[key] = pricer.part(Part.verbatim(probe), after) - pricer.text("…")
+        return framing + pricer.text(message.content)
+
+    # ── The candidates of one turn ──
+
+    def covers(self, n: int, target: int) -> int:
+        """How many scenes the covered chain holds at turn n for this tail target."""
+        return bisect_left(self.ends, n - target)
+
+    def chains(self, n: int) -> tuple[int, ...]:
+        """The covered chains of turn n (as scene counts), one per tail target of the ladder
+        from the longest, each once: a shape is a candidate while its chain is among them.
+        They change only where a scene joins the chain of some target: the walk's checkpoints."""
+        return tuple(dict.fromkeys(self.covers(n, target) for target in rungs(self.search.shape, n)))
+
+    def candidates(self, n: int) -> list[Candidate]:
+        """Turn n's candidates in the seed's order: tail targets from the longest, each chain's
+        summaries (level 0) before its levels."""
+        return [(m, k) for m in self.chains(n) for k in range(m + 1) if k == 0 or k in self.histories]
+
+    def target(self, m: int, n: int) -> int:
+        """The longest tail target whose chain holds `m` scenes at turn n."""
+        targets = rungs(self.search.shape, n)
+        return next((t for t in targets if self.covers(n, t) == m), targets[-1])
+
+    def estimate(self, candidate: Candidate, n: int) -> int:
+        """The candidate's parts at turn n, priced as the exact search prices them."""
+        m, k = candidate
+        h = min(self.search.shape.head, n)
+        cost = self.fixed + self.prefix[h]
+        first = self.ends[m - 1] + 1 if m else h + 1
+        if m:
+            recap = self.card_costs[m] + self.summaries[m] - self.summaries[k]
+            cost += self.opening + recap + (self.histories[k] if k else 0)
+        if first <= n:
+            after: Role | None = "system" if m else self.head_role
+            own = self.quick(self.search.story.messages[first - 1], after)
+            cost += own + self.prefix[n] - self.prefix[first]
+        return cost
+
+    def ordered(self, n: int, floor: Candidate | None) -> Iterator[Candidate]:
+        """Where to move at turn n: first the candidates that do not step back (no fewer
+        covered scenes, no lower level), then, as a last resort, all of them."""
+        every = self.candidates(n)
+        if floor is not None:
+            yield from (c for c in every if c[0] >= floor[0] and c[1] >= floor[1])
+        yield from every
+
+    def first_fit(
+        self, n: int, bound: int, *, floor: Candidate | None = None, stop: Candidate | None = None
+    ) -> Candidate | None:
+        """The first candidate of turn n, in the seed's order, priced at most `bound`: none
+        that steps back from `floor` (fewer covered scenes, a lower level), none from `stop` on.
+        A chain's levels differ in price only by `level_cost`, so each chain is priced once."""
+        for m in self.chains(n):
+            last = stop is not None and m == stop[0]
+            if floor is None or m >= floor[0]:
+                low = floor[1] if floor is not None else 0
+                high = stop[1] - 1 if last and stop is not None else m
+                plain = self.estimate((m, 0), n)
+                if low == 0 <= high and plain <= bound:
+                    return (m, 0)
+                level = self.first_level(bound - plain, max(low, 1), high)
+                if level is not None:
+                    return (m, level)
+            if last:
+                return None
+        return None
+
+    def first_level(self, room: int, low: int, high: int) -> int | None:
+        """The lowest level in low..high whose `level_cost` is at most `room`."""
+        if high < low:
+            return None
+        if low > 1:
+            return next((k for k in range(low, high + 1) if self.level_cost[k] <= room), None)
+        if self.cheapest[high] > room:
+            return None
+        levels = range(1, high + 1)  # the cheapest so far falls with the level: fits from one level on
+        return levels[bisect_left(levels, True, key=lambda k: self.cheapest[k] <= room)]
+
+    def roomy(self, n: int, stop: Candidate | None = None) -> Candidate | None:
+        """The first candidate of turn n, in the seed's order, that leaves the slack free,
+        looking no further than `stop`."""
+        return self.first_fit(n, self.search.limit - self.slack_tokens, stop=stop)
+
+    def choose(self, n: int, floor: Candidate | None) -> Candidate | None:
+        """Where the shape moves when it must: the first candidate that leaves the slack free
+        (the only way it steps back to a less degraded one); else the first that fits without
+        stepping back; else, as a last resort, the first that fits at all."""
+        limit = self.search.limit
+        return self.roomy(n) or self.first_fit(n, limit, floor=floor) or self.first_fit(n, limit)
+
+    @property
+    def slack_tokens(self) -> int:
+        return int(self.search.limit * self.slack)
+
+    def walk(self) -> tuple[Candidate | None, int, int]:
+        """The shape held at the last turn, the turn it was chosen, and how many changes of
+        shape the story went through."""
+        limit, state, floor, since, changes = self.search.limit, None, None, 0, 0
+        chains: tuple[int, ...] = ()
+        for n in range(1, len(self.search.story) + 1):
+            chains, before = self.chains(n), chains
+            if state is not None and state[0] in chains and self.estimate(state, n) <= limit:  # still held
+                back = self.roomy(n, stop=state) if chains != before else None  # a checkpoint
+                if back is None:
+                    continue
+                chosen: Candidate | None = back
+            else:
+                chosen = self.choose(n, floor)
+            if chosen != state:
+                changes += state is not None
+                since = n
+            state = chosen
+            floor = chosen or floor
+        return state, since, changes
+
+    # ── The last turn: the shape confirmed by the emitted count ──
+
+    def rung(self, target: int, base: int) -> Rung:
+        search, story, shape = self.search, self.search.story, self.search.shape
+        chain = covered_chain(story, shape, target)
+        opening = head(story, shape)
+        ending = tail(story, shape, chain)
+        after = search.tail_after(opening, bool(chain.scenes))
+        tail_cost = sum(search.verbatim_costs(ending, after))
+        recap = search.recap_cost(chain.scenes, opening) if chain.scenes else 0
+        return Rung(target, chain, opening, ending, base, tail_cost, recap)
+
+    def assemble(self) -> Assembly:
+        search, n = self.search, len(self.search.story)
+        held, since, changes = self.walk()
+        opening = head(search.story, search.shape)
+        base = self.fixed + self.prefix[len(opening)]
+        search.record(HeadPriced(ends(opening), base - self.fixed, self.fixed, search.limit))
+        tried = [held] if held is not None else []
+        for candidate in dict.fromkeys([*tried, *self.ordered(n, held)]):
+            m, k = candidate
+            target = self.target(m, n)
+            rung = self.rung(target, base)
+            if len(rung.chain.scenes) != m:  # not a candidate at this turn after all
+                continue
+            if candidate != held:
+                since, changes = n, changes + (held is not None)
+                held = candidate
+            history = self.search.pricer.recap_part(Part("history", scene=self.run[k - 1])) if k else 0
+            summaries = sum(self.search.pricer.recap_part(Part("summary", scene=s)) for s in rung.chain.scenes[k:])
+            found = search.confirm(rung, k if m else None, rung.fixed_cost + history + summaries)
+            if found is not None:
+                room = search.limit - found.tokens
+                recent = self.prefix[n] - self.prefix[max(len(opening), n - 10)]
+                per_turn = max(1, recent // max(1, min(10, n - len(opening)))) if n > len(opening) else 0
+                note = Held(
+                    since, target, k, refs(rung.chain.scenes), changes, self.slack_tokens, room,
+                    room // per_turn if per_turn else 0,
+                )  # fmt: skip
+                chosen = ChainFound(target, refs(rung.chain.scenes), covered_ends(rung.chain), rung.chain.stop)
+                return search.result(found, decided=(chosen, note))
+        search.restart()
+        return search.ladder()
