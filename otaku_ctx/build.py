@@ -17,13 +17,13 @@ from .config import Settings
 from .errors import ConfigError, UsageError
 from .hbs import bound_for_window
 from .hbs.blocks import Block
-from .lore import IDF_MESSAGES, MOST_REPLAY, MOST_SCAN_DEPTH, ChatLine, LoreChoice, choose, rules_of
-from .render.emit import EMITS, PromptRenderer
-from .render.emit import _sections as sections_of
+from .lore import IDF_MESSAGES, MOST_REPLAY, MOST_SCAN_DEPTH, ChatLine, LoreChoice, choose
+from .render.emit import EMITS, PromptRenderer, sections
+from .render.formats import Format, bind
 from .render.lookup import find_format, load_template
-from .render.names import ResolvedNames, resolve_names
-from .render.presets import for_format as bind_preset
+from .render.names import Names, ResolvedNames, resolve_names
 from .render.pricing import TemplatePricer
+from .render.templates import PromptTemplate
 from .render.variables import OPEN_MARK, Variables
 from .story.detect import read_story
 from .story.model import LoreEntry, Message, Story
@@ -61,6 +61,7 @@ class Built:
     prompt: str | None
     blocks: tuple[Block, ...] = ()  # the prompt's role blocks (empty on refusal)
     lore: LoreChoice = LoreChoice.empty()
+    names: ResolvedNames | None = None  # `{{char}}` and `{{user}}`, each with where it came from
 
 
 def shape_of(settings: Settings) -> Shape:
@@ -109,23 +110,53 @@ def open_story(
     return story
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What every attempt of one build shares, worked out once: the story's names, and the
+    template bound to the format bound to those names."""
+
+    story: Story
+    settings: Settings
+    names: ResolvedNames
+    template: PromptTemplate
+    format: Format
+    emit: str
+
+    def renderer(self, lore: LoreChoice | None = None, reserve: int = 0) -> PromptRenderer:
+        """The renderer of this story with `lore` in its variables, for a reply reserve of
+        `reserve` tokens (a request body's `max_tokens`)."""
+        p, m = self.settings.prompt, self.settings.model
+        variables = Variables(self.story, self.names.names, p, lore or LoreChoice.empty())
+        bound = bound_for_window(m.window)
+        return PromptRenderer(
+            variables, self.template, self.format, self.emit, reserve, bound, m.name, m.max_stop_strings
+        )
+
+
+def prepare(story: Story, settings: Settings, *, emit: str = "text") -> Prepared:
+    """Read the configured template and format once and bind them to the story: the format
+    to `{{user}}`, `{{char}}` and whether more than one character speaks (a group chat), the
+    template to that format."""
+    if emit not in EMITS:
+        raise ValueError(f"unknown emit form {emit!r}; expected one of {', '.join(EMITS)}")  # the CLI offers only these
+    p = settings.prompt
+    with _usage_if_unknown(settings, "prompt.template", p.template):
+        template = load_template(p.template)
+    with _usage_if_unknown(settings, "prompt.format", p.format):
+        found = find_format(p.format)
+    names = names_for(story, settings)
+    n = names.names
+    characters = {n.speaker_as(role, name) for role, name in story.speakers if role == "assistant"}
+    format = bind(found, n.user, n.char, group=len(characters) > 1)
+    return Prepared(story, settings, names, template.for_format(format), format, emit)
+
+
 def renderer_for(
     story: Story, settings: Settings, *, emit: str = "text", reserve: int = 0, lore: LoreChoice | None = None
 ) -> PromptRenderer:
     """The configured template, format and emit form, ready to render this story (with the
-    chosen lore in its variables)."""
-    if emit not in EMITS:
-        raise ValueError(f"unknown emit form {emit!r}; expected one of {', '.join(EMITS)}")  # the CLI offers only these
-    p = settings.prompt
-    variables = Variables(story, names_for(story, settings).names, p, lore or LoreChoice.empty())
-    with _usage_if_unknown(settings, "prompt.template", p.template):
-        template = load_template(p.template)
-    with _usage_if_unknown(settings, "prompt.format", p.format):
-        format = find_format(p.format)
-    template = bind_preset(template, format)  # a context preset renders for its format
-    m = settings.model
-    bound = bound_for_window(m.window)
-    return PromptRenderer(variables, template, format, emit, reserve, bound, m.name, m.max_stop_strings)
+    chosen lore in its variables), for a reply reserve of `reserve` tokens."""
+    return prepare(story, settings, emit=emit).renderer(lore, reserve)
 
 
 def names_for(story: Story, settings: Settings) -> ResolvedNames:
@@ -157,7 +188,7 @@ def lore_entries(story: Story, settings: Settings) -> tuple[LoreEntry, ...]:
     return story.world + books + tuple(e for card in cards for e in card.book)
 
 
-def chat_lines(story: Story, settings: Settings) -> tuple[list[ChatLine], list[ChatLine], int]:
+def chat_lines(story: Story, settings: Settings, names: Names) -> tuple[list[ChatLine], list[ChatLine], int]:
     """(the latest visible chat messages, the ones this turn's scan may read, how many
     visible chat messages the story has — the turn).
 
@@ -166,7 +197,6 @@ def chat_lines(story: Story, settings: Settings) -> tuple[list[ChatLine], list[C
     what the lore leaves room for. Only the latest `LORE_READS` messages are ever read
     (scan windows, replayed turns, TF-IDF), so only those are prepared: lore costs what the
     window costs, not what the story does."""
-    names = names_for(story, settings).names
     c, n = settings.context, len(story)
     surely = n - min(c.tail_floor, c.min_tail_messages)
 
@@ -187,14 +217,15 @@ def chat_lines(story: Story, settings: Settings) -> tuple[list[ChatLine], list[C
     return latest, scannable, turns
 
 
-def choose_lore(story: Story, settings: Settings, count: TokenCounter, limit: int) -> LoreChoice:
+def choose_lore(prepared: Prepared, count: TokenCounter, limit: int) -> LoreChoice:
     """The lore for this story's next turn, within `[lore] budget` of the limit (docs/lore.md)."""
-    rules = rules_of(settings.lore)
+    story, settings = prepared.story, prepared.settings
+    rules = settings.lore.rules()
     entries = lore_entries(story, settings)
     if not entries:
         return LoreChoice(rules.engine, rules.budget_for(limit), 0, ())
-    chat, scannable, turns = chat_lines(story, settings)
-    names = names_for(story, settings).names
+    names = prepared.names.names
+    chat, scannable, turns = chat_lines(story, settings, names)
     first = next((m.content for m in story.messages if not m.is_card), "")
     seed = f"{story.info.title}\x1f{first}"
     return choose(
@@ -205,16 +236,16 @@ def choose_lore(story: Story, settings: Settings, count: TokenCounter, limit: in
 def build(story: Story, settings: Settings, *, emit: str = "text", count: TokenCounter | None = None) -> Built:
     """Assemble the story for the configured window and render the prompt (cases 1–6).
     `count` lends a counter whose cache outlives one build (a replay's turns)."""
-    return _build(story, settings, emit, count)[0]
+    return _build(prepare(story, settings, emit=emit), count)[0]
 
 
 def template_variables(story: Story, settings: Settings) -> tuple[Built, dict[str, Any] | None]:
     """What `build` chose, and the variables its template saw for that assembly (None for a
     refusal): what `ctx template vars` shows template authors."""
-    built, renderer = _build(story, settings, "text")
+    built, renderer = _build(prepare(story, settings))
     if built.assembly.refusal:
         return built, None
-    return built, _unmarked(renderer.variables.for_assembly(*sections_of(built.assembly)))
+    return built, _unmarked(renderer.variables.for_assembly(*sections(built.assembly)))
 
 
 def _unmarked(value: Any) -> Any:
@@ -229,44 +260,59 @@ def _unmarked(value: Any) -> Any:
     return value
 
 
-def _build(
-    story: Story, settings: Settings, emit: str, count: TokenCounter | None = None
-) -> tuple[Built, PromptRenderer]:
-    """Choose the lore, then assemble the story around it for the configured window and
-    render the prompt (cases 1–6). The lore is part of the fixed frame; when the frame with
-    it leaves no room, entries are dropped by priority (`order`) before the build refuses."""
-    count = count or make_counter(settings.model.tokenizer)
-    budget = budget_of(story, settings, count)
-    lore = choose_lore(story, settings, count, budget.limit)
-    shape, policy = shape_of(settings), policy_of(settings)
+@dataclass(frozen=True)
+class Attempt:
+    """One assembly of the story around a choice of lore."""
 
-    def attempt(choice: LoreChoice) -> tuple[PromptRenderer, TemplatePricer, Assembly]:
-        renderer = renderer_for(story, settings, emit=emit, reserve=budget.reserve, lore=choice)
-        pricer = TemplatePricer(renderer, count)
-        return renderer, pricer, assemble(story, shape, budget.limit, pricer, reserve=budget.reserve, policy=policy)
+    lore: LoreChoice
+    renderer: PromptRenderer
+    pricer: TemplatePricer
+    assembly: Assembly
 
-    renderer, pricer, assembly = attempt(lore)
+
+def attempt(prepared: Prepared, lore: LoreChoice, count: TokenCounter, budget: Budget) -> Attempt:
+    renderer = prepared.renderer(lore, budget.reserve)
+    pricer = TemplatePricer(renderer, count)
+    shape, policy = shape_of(prepared.settings), policy_of(prepared.settings)
+    assembly = assemble(prepared.story, shape, budget.limit, pricer, reserve=budget.reserve, policy=policy)
+    return Attempt(lore, renderer, pricer, assembly)
+
+
+def fit_lore(prepared: Prepared, lore: LoreChoice, count: TokenCounter, budget: Budget) -> Attempt:
+    """The story assembled with `lore` as part of its fixed frame; when the frame with it
+    leaves the story no room, the most entries by priority (`order`) that do: a binary
+    search over how many are kept. The refusal with all of them when none leaves room."""
+    first = attempt(prepared, lore, count, budget)
     placed = len(lore.placed)
-    if assembly.refusal and placed:
-        # Keep the most entries, by priority, that leave the story room: a binary search.
-        tried: dict[int, tuple[PromptRenderer, TemplatePricer, Assembly]] = {}
+    if first.assembly.refusal is None or not placed:
+        return first
+    tried: dict[int, Attempt] = {}
 
-        def fits(keep: int) -> bool:
-            tried[keep] = attempt(lore.without(keep))
-            return tried[keep][2].refusal is None
+    def fits(keep: int) -> bool:
+        tried[keep] = attempt(prepared, lore.without(keep), count, budget)
+        return tried[keep].assembly.refusal is None
 
-        low = 0
-        if fits(0):
-            high = placed - 1
-            while low < high:
-                middle = (low + high + 1) // 2
-                if fits(middle):
-                    low = middle
-                else:
-                    high = middle - 1
-        renderer, pricer, assembly = tried[low]
-        lore = lore.without(low)
-    if assembly.refusal:
-        return Built(assembly, budget, count.name, None, lore=lore), renderer
-    blocks = pricer.blocks(assembly)
-    return Built(assembly, budget, count.name, renderer.emitted(blocks), tuple(blocks), lore), renderer
+    low = 0
+    if fits(0):
+        high = placed - 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            if fits(middle):
+                low = middle
+            else:
+                high = middle - 1
+    return tried[low]
+
+
+def _build(prepared: Prepared, count: TokenCounter | None = None) -> tuple[Built, PromptRenderer]:
+    """Choose the lore, then assemble the story around it for the configured window and
+    render the prompt (cases 1–6)."""
+    count = count or make_counter(prepared.settings.model.tokenizer)
+    budget = budget_of(prepared.story, prepared.settings, count)
+    fitted = fit_lore(prepared, choose_lore(prepared, count, budget.limit), count, budget)
+    a, lore, names = fitted.assembly, fitted.lore, prepared.names
+    if a.refusal:
+        return Built(a, budget, count.name, None, lore=lore, names=names), fitted.renderer
+    blocks = fitted.pricer.blocks(a)
+    prompt = fitted.renderer.emitted(blocks)
+    return Built(a, budget, count.name, prompt, tuple(blocks), lore, names), fitted.renderer

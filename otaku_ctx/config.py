@@ -13,13 +13,15 @@ import json
 import math
 import re
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from .assemble import CACHES
 from .errors import ConfigError, UsageError
 from .locations import config_path
+from .lore.rules import ENGINE_DEFAULTS, ENGINES, Engine, LoreRules
 from .tokens import TOKENIZERS
 
 DEFAULT_CARD_TEMPLATE = (
@@ -35,8 +37,6 @@ MOST = 1_000_000_000
 Kind = Literal[
     "count", "factor", "share", "reserve", "tokenizer", "cache", "text", "engine", "files", "depth", "switch", "flag"
 ]
-CACHE_POLICIES = ("exact", "stable")
-LORE_ENGINES = ("keyword", "sillytavern")
 
 
 def setting(default: Any, help: str, kind: Kind, *, least: int = 0) -> Any:
@@ -124,6 +124,29 @@ class LoreSettings:
     world_cap: int = setting(20, "keyword engine: at most this many world lore entries", "count")
     character_cap: int = setting(15, "keyword engine: at most this many character lore entries", "count")
 
+    def rules(self) -> LoreRules:
+        """Lore's rules for these settings: "auto" becomes the engine's default."""
+        engine: Engine = "sillytavern" if self.engine == "sillytavern" else "keyword"
+        auto = ENGINE_DEFAULTS[engine]
+        return LoreRules(
+            engine=engine,
+            scan_depth=int(auto["scan_depth"]) if self.scan_depth == "auto" else self.scan_depth,
+            budget=self.budget,
+            budget_cap=self.budget_cap,
+            recursive=bool(auto["recursive"]) if self.recursive == "auto" else self.recursive,
+            max_recursion_steps=self.max_recursion_steps,
+            case_sensitive=self.case_sensitive,
+            match_whole_words=bool(auto["match_whole_words"])
+            if self.match_whole_words == "auto"
+            else self.match_whole_words,
+            include_names=self.include_names,
+            min_activations=self.min_activations,
+            min_activations_depth_max=self.min_activations_depth_max,
+            group_scoring=self.group_scoring,
+            world_cap=self.world_cap,
+            character_cap=self.character_cap,
+        )
+
 
 SECTIONS: dict[str, type[ContextSettings] | type[PromptSettings] | type[ModelSettings] | type[LoreSettings]] = {
     "context": ContextSettings,
@@ -160,66 +183,109 @@ class Settings:
                 yield dotted, getattr(values, key.name), self.sources.get(dotted, "default")
 
 
-def _check(dotted: str, key: Field[Any], value: Any, bad: type[ConfigError], source: str) -> Any:
-    """Validate one value against its field; return it normalised."""
+class _Check:
+    """One value being validated: `wrong` makes the error that names it."""
 
-    def wrong(expected: str) -> ConfigError:
+    def __init__(self, dotted: str, value: Any, bad: type[ConfigError], source: str, least: int) -> None:
+        self.dotted, self.value, self.bad, self.source, self.least = dotted, value, bad, source, least
+
+    def wrong(self, expected: str) -> ConfigError:
+        value = self.value
         shown = json.dumps(value, ensure_ascii=False) if isinstance(value, str | bool) else repr(value)
         if isinstance(value, int | float) and not isinstance(value, bool):
             shown = f"{value}" if len(str(value)) < 40 else "a number too large to use"
-        return bad(source, dotted, f"expected {expected}, got {shown}")
+        return self.bad(self.source, self.dotted, f"expected {expected}, got {shown}")
 
-    kind, least, expected = key.metadata["kind"], key.metadata["least"], ""
-    if kind in ("depth", "switch") and value == "auto":
-        return value
-    if kind == "depth":
-        kind, expected = "count", 'a number of messages ≥ 0 or "auto"'
-    if kind in ("switch", "flag"):
-        if not isinstance(value, bool):
-            raise wrong('true, false or "auto"' if kind == "switch" else "true or false")
-        return value
-    if kind == "engine":
-        if value not in LORE_ENGINES:
-            raise wrong(" or ".join(f'"{e}"' for e in LORE_ENGINES))
-        return value
-    if kind == "files":
-        if isinstance(value, str | Path):
-            value = [value]
-        if not isinstance(value, list | tuple) or not all(isinstance(v, str | Path) for v in value):
-            raise wrong("a list of file paths")
-        base = Path(source).parent if bad is ConfigError and Path(source).suffix == ".toml" else None
-        return tuple(str(base / Path(v).expanduser()) if base else str(Path(v).expanduser()) for v in value)
-    if kind == "reserve":
-        if value == "auto":
-            return value
-        if isinstance(value, str) and re.fullmatch(r"[0-9]{1,10}", value):  # from a flag: --reserve 800
-            value = int(value)
-        kind, expected = "count", 'a number of tokens ≥ 0 or "auto"'
-    if kind == "count":
-        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MOST:
-            raise wrong(expected or f"a whole number from {least} to {MOST:,}")
-        return value
-    if kind == "factor":
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise wrong("a number from 0 to 100")
-        if not 0 <= value <= 100:
-            raise wrong("a number from 0 to 100")
-        return float(value)
-    if kind == "share":
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
-            raise wrong("a share of the limit from 0 to below 1")
-        return float(value)
-    if kind == "cache":
-        if value not in CACHE_POLICIES:
-            raise wrong(" or ".join(f'"{c}"' for c in CACHE_POLICIES))
-        return value
-    if kind == "tokenizer":
-        if value not in TOKENIZERS:
-            raise wrong(" or ".join(f'"{t}"' for t in TOKENIZERS))
-        return value
-    if not isinstance(value, str):
-        raise wrong("text")
-    return value
+
+def _count(c: _Check, expected: str = "") -> int:
+    v = c.value
+    if isinstance(v, bool) or not isinstance(v, int) or not c.least <= v <= MOST:
+        raise c.wrong(expected or f"a whole number from {c.least} to {MOST:,}")
+    return v
+
+
+def _depth(c: _Check) -> Any:
+    return c.value if c.value == "auto" else _count(c, 'a number of messages ≥ 0 or "auto"')
+
+
+def _reserve(c: _Check) -> Any:
+    if c.value == "auto":
+        return c.value
+    if isinstance(c.value, str) and re.fullmatch(r"[0-9]{1,10}", c.value):  # from a flag: --reserve 800
+        c.value = int(c.value)
+    return _count(c, 'a number of tokens ≥ 0 or "auto"')
+
+
+def _flag(c: _Check) -> Any:
+    if not isinstance(c.value, bool):
+        raise c.wrong("true or false")
+    return c.value
+
+
+def _switch(c: _Check) -> Any:
+    if c.value != "auto" and not isinstance(c.value, bool):
+        raise c.wrong('true, false or "auto"')
+    return c.value
+
+
+def _factor(c: _Check) -> float:
+    v = c.value
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not 0 <= v <= 100:
+        raise c.wrong("a number from 0 to 100")
+    return float(v)
+
+
+def _share(c: _Check) -> float:
+    v = c.value
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1:
+        raise c.wrong("a share of the limit from 0 to below 1")
+    return float(v)
+
+
+def _files(c: _Check) -> tuple[str, ...]:
+    value = [c.value] if isinstance(c.value, str | Path) else c.value
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str | Path) for v in value):
+        raise c.wrong("a list of file paths")
+    base = Path(c.source).parent if c.bad is ConfigError and Path(c.source).suffix == ".toml" else None
+    return tuple(str(base / Path(v).expanduser()) if base else str(Path(v).expanduser()) for v in value)
+
+
+def _text(c: _Check) -> str:
+    if not isinstance(c.value, str):
+        raise c.wrong("text")
+    return c.value
+
+
+def _one_of(choices: Sequence[str]) -> Callable[[_Check], str]:
+    def check(c: _Check) -> str:
+        if c.value not in choices:
+            raise c.wrong(" or ".join(f'"{choice}"' for choice in choices))
+        return str(c.value)
+
+    return check
+
+
+# What each kind of setting accepts. The lists of choices are the owners' own: the cache
+# policies the assembler has, the lore engines lore has, the tokenizers `tokens` can make.
+CHECKS: dict[str, Callable[[_Check], Any]] = {
+    "count": _count,
+    "depth": _depth,
+    "reserve": _reserve,
+    "flag": _flag,
+    "switch": _switch,
+    "factor": _factor,
+    "share": _share,
+    "files": _files,
+    "text": _text,
+    "cache": _one_of(CACHES),
+    "engine": _one_of(ENGINES),
+    "tokenizer": _one_of(TOKENIZERS),
+}
+
+
+def _check(dotted: str, key: Field[Any], value: Any, bad: type[ConfigError], source: str) -> Any:
+    """Validate one value against its field; return it normalised."""
+    return CHECKS[key.metadata["kind"]](_Check(dotted, value, bad, source, key.metadata["least"]))
 
 
 def load_settings(

@@ -29,8 +29,7 @@ from .assemble.steps import (
 )
 from .build import Budget, Built
 from .lore import LoreChoice, LoreDecision, position_name, role_name
-from .render.names import ResolvedNames
-from .story.model import Message
+from .story.model import LorePosition, Message
 
 # ── Sentences ────────────────────────────────────────────────────────────────────────────
 
@@ -189,10 +188,11 @@ def _trace(step: Step) -> dict[str, Any]:
     return {"step": type(step).__name__, **data}
 
 
-def facts(built: Built, story_hidden: int = 0, names: ResolvedNames | None = None) -> dict[str, Any]:
+def facts(built: Built, story_hidden: int = 0) -> dict[str, Any]:
     """Everything `inspect` knows, JSON-ready. Scene ids are the scene's `id`, else its order;
     `names` says who {{char}} and {{user}} are and where each name came from."""
     a: Assembly = built.assembly
+    names = built.names
     history = a.history
     data: dict[str, Any] = {
         "case": a.case,
@@ -286,7 +286,7 @@ def lore_facts(lore: LoreChoice) -> dict[str, Any]:
             "message": d.message,
             "by": d.by,
             "position": position_name(e),
-            "depth": e.depth if e.position == 4 else None,
+            "depth": e.depth if e.position == LorePosition.DEPTH else None,
             "role": role_name(e),
             "order": e.order,
             "tokens": d.tokens,

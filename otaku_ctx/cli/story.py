@@ -66,11 +66,10 @@ def inspect_cmd(
     as_json: AsJson = False,
 ) -> None:
     """Show which case STORY's prompt is, its sections and its budget."""
-    from ..build import names_for
     from ..report import facts
 
     built, told = request.run()
-    data = facts(built, told.hidden, names_for(told, request.settings()))
+    data = facts(built, told.hidden)
     if as_json:
         write_stdout(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
     else:

@@ -56,11 +56,8 @@ def render_cmd(
     from ..render.lookup import load_template
 
     variables = _read_vars(vars_file)
-    from ..render.presets import PresetTemplate
-
     loaded = load_template(template)
-    engine = loaded.story if isinstance(loaded, PresetTemplate) else loaded  # a preset: its story string
-    text = engine.render_raw(variables, bound_for_window(0))
+    text = loaded.render_raw(variables, bound_for_window(0))
     newline = "\n" if terminal().stdout_tty and not text.endswith("\n") else ""
     write_stdout(text + newline)
 

@@ -10,18 +10,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..assemble import Assembly, Part
-from ..hbs import Template
 from ..hbs.blocks import Block
-from .formats import Format, bind, render_messages, render_text, stop_sequences
-from .presets import PresetTemplate
-from .presets import for_format as bind_preset
-from .presets import stop_strings as preset_stops
+from .formats import Format, render_messages, render_text
+from .templates import PromptTemplate
 from .variables import OPEN_MARK, Variables
 
 EMITS = ("text", "messages", "openai-chat", "openai-completion")
 
 
-def _sections(a: Assembly) -> tuple[list[Part], list[Part], list[Part]]:
+def sections(a: Assembly) -> tuple[list[Part], list[Part], list[Part]]:
     return [Part.verbatim(m) for m in a.head], list(a.recap), [Part.verbatim(m) for m in a.tail]
 
 
@@ -30,21 +27,13 @@ class PromptRenderer:
     """Template + format + emit form: blocks for an assembly, and the prompt as printed."""
 
     variables: Variables
-    template: Template | PresetTemplate
+    template: PromptTemplate  # bound to `format` (`for_format`)
     format: Format
     emit: str = "text"
     reserve: int = 0
     bound: int | None = None  # characters a render may produce (hbs.bound_for_window), None = no bound
     model: str = ""  # the request body's "model"; "" = left out
     max_stops: int = 0  # at most this many stop strings in a request body; 0 = all
-
-    def __post_init__(self) -> None:
-        """The format bound to the story's names (`formats.bind`): `{{user}}`, `{{char}}`,
-        and a group chat when more than one character speaks."""
-        story, names = self.variables.story, self.variables.names
-        characters = {names.speaker_as(role, name) for role, name in story.speakers if role == "assistant"}
-        self.format = bind(self.format, names.user, names.char, group=len(characters) > 1)
-        self.template = bind_preset(self.template, self.format)
 
     def render(
         self, head: Sequence[Part], recap: Sequence[Part], tail: Sequence[Part], *, anchored: bool = True
@@ -59,7 +48,7 @@ class PromptRenderer:
         return out
 
     def blocks(self, assembly: Assembly) -> list[Block]:
-        return self.render(*_sections(assembly))
+        return self.render(*sections(assembly))
 
     def messages(self, blocks: Sequence[Block]) -> list[dict[str, str]]:
         """Chat messages; the open turn is the API's own reply, so it is not sent."""
@@ -73,12 +62,7 @@ class PromptRenderer:
         story, names = self.variables.story, self.variables.names
         speaking = self.variables.open_turn["name"]
         people = [p for p in dict.fromkeys([names.user, names.char, *names.speakers(story)]) if p and p != speaking]
-        if isinstance(self.template, PresetTemplate):  # the context preset's switches decide
-            return preset_stops(self.template.preset, people, names.fill, stop_sequences(self.format, []))
-        first, rest = list(self.format.stop[:1]), list(self.format.stop[1:])
-        ordered = stop_sequences(replace(self.format, stop=()), people[:1]) if people else []
-        others = stop_sequences(replace(self.format, stop=()), people[1:])
-        return list(dict.fromkeys([*first, *ordered, *rest, *others]))
+        return self.template.stop(self.format, people, names.fill)
 
     def body(self, key: str, value: Any) -> dict[str, Any]:
         """An OpenAI-style request body: `model` when one is set, `max_tokens` only when a

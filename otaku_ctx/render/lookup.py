@@ -11,6 +11,7 @@ from ..hbs import Template, cached_template
 from ..locations import search_dirs, shipped, template_cache
 from .formats import Format, load_format
 from .presets import PresetTemplate, read_context_preset, story_source
+from .templates import HandlebarsTemplate, PromptTemplate
 
 
 @lru_cache(maxsize=64)
@@ -19,7 +20,7 @@ def compiled(source: str, name: str) -> Template:
     return cached_template(source, name, shipped=shipped("templates/compiled"), cache=template_cache())
 
 
-def load_template(name_or_path: str, dirs: Sequence[Path] | None = None) -> Template | PresetTemplate:
+def load_template(name_or_path: str, dirs: Sequence[Path] | None = None) -> PromptTemplate:
     """A template by name (`default`, `serene`, `sillytavern`, or one of the user's) or path;
         a `.json` path is a SillyTavern context preset (its story string compiled and cached like
         a template; any other JSON is refused, naming what it is). A name is looked up in `dirs`,
@@ -43,7 +44,7 @@ def load_template(name_or_path: str, dirs: Sequence[Path] | None = None) -> Temp
         raise ConfigError(str(path), None, "no such template file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), None, f"cannot read the template: {exc}") from None
-    return compiled(source, str(path))
+    return HandlebarsTemplate(compiled(source, str(path)))
 
 
 def find_format(name_or_path: str, dirs: Sequence[Path] | None = None) -> Format:

@@ -51,7 +51,7 @@ from ..hbs import Template
 from ..hbs.blocks import Block
 from ..story.jsonload import JSONProblem, loads
 from ..story.model import Role
-from .formats import Format, bind, example_text
+from .formats import Format, bind, example_text, stop_sequences
 
 # SillyTavern's own defaults (power-user.js at ba6f7b7a).
 DEFAULT_STORY_STRING = (
@@ -224,12 +224,21 @@ class PresetTemplate:
     def name(self) -> str:
         return self.story.name
 
-    def for_format(
-        self, *, instruct: bool, wrap: bool, chat: bool = False, fmt: Format | None = None
-    ) -> PresetTemplate:
+    def for_format(self, fmt: Format) -> PresetTemplate:
         """The template as it renders for a format: instruct (sequences), chat messages, or
         plain text (SillyTavern with instruct mode off: one line per message)."""
-        return replace(self, instruct=instruct, wrap=wrap, chat=chat, format=fmt if instruct else None)
+        instruct = is_instruct(fmt.input_sequence, fmt.output_sequence, fmt.system_sequence, fmt.chat)
+        return replace(
+            self, instruct=instruct, wrap=bool(fmt.wrap), chat=bool(fmt.chat), format=fmt if instruct else None
+        )
+
+    def render_raw(self, variables: Mapping[str, Any], bound: int | None = None) -> str:
+        """The story string's raw output (what `ctx template render` shows of a preset)."""
+        return self.story.render_raw(variables, bound)
+
+    def stop(self, fmt: Format, people: Sequence[str], fill: Callable[[str], str]) -> list[str]:
+        """The context preset's switches decide (`stop_strings`), with the format's stops between."""
+        return stop_strings(self.preset, people, fill, stop_sequences(fmt, []))
 
     @property
     def plain(self) -> bool:
@@ -406,11 +415,3 @@ def instruct_examples(fmt: Format, dialogue: str, raw: Sequence[str], separator:
 def is_instruct(input_sequence: str, output_sequence: str, system_sequence: str, chat: bool) -> bool:
     """SillyTavern's "instruct mode": a text format with sequences."""
     return not chat and bool(input_sequence or output_sequence or system_sequence)
-
-
-def for_format(template: Any, fmt: Any) -> Any:
-    """A `PresetTemplate` bound to a `formats.Format` (other templates as they are)."""
-    if not isinstance(template, PresetTemplate):
-        return template
-    instruct = is_instruct(fmt.input_sequence, fmt.output_sequence, fmt.system_sequence, fmt.chat)
-    return template.for_format(instruct=instruct, wrap=bool(fmt.wrap), chat=bool(fmt.chat), fmt=fmt)

@@ -13,7 +13,7 @@ from ..assemble import Part
 from ..config import PromptSettings
 from ..hbs import Template
 from ..lore import LoreChoice, LoreDecision
-from ..story.model import LORE_ROLES, Card, Story
+from ..story.model import LORE_ROLES, Card, LorePosition, Story
 from .lookup import compiled
 from .names import Names
 from .presets import DEFAULT_EXAMPLE_SEPARATOR, example_blocks
@@ -53,22 +53,17 @@ class Variables:
         return self.names.within(card).fill(d.entry.content).strip("\n")
 
     @cached_property
-    def lore_at(self) -> dict[int, list[LoreDecision]]:
-        """The placed entries by position, each list in SillyTavern's insertion order (`order`
-        lowest first; the keyword engine's relevance order is kept for equal orders)."""
-        at: dict[int, list[LoreDecision]] = {}
-        for d in sorted(self.lore.placed, key=lambda d: d.entry.order):
-            at.setdefault(d.entry.position, []).append(d)
-        return at
+    def lore_at(self) -> dict[LorePosition, list[LoreDecision]]:
+        return self.lore.by_position
 
-    def lore_join(self, position: int) -> str:
+    def lore_join(self, position: LorePosition) -> str:
         return "\n".join(t for d in self.lore_at.get(position, []) if (t := self.lore_text(d)))
 
     @cached_property
     def lore_depth(self) -> list[tuple[int, str, str]]:
         """Position 4: (depth, role, text), one per depth and role as SillyTavern groups them."""
         groups: dict[tuple[int, str], list[str]] = {}
-        for d in self.lore_at.get(4, []):
+        for d in self.lore_at.get(LorePosition.DEPTH, []):
             groups.setdefault((d.entry.depth, LORE_ROLES[d.entry.role]), []).append(self.lore_text(d))
         return [
             (depth, role, "\n".join(texts)) for (depth, role), texts in sorted(groups.items(), key=lambda g: -g[0][0])
@@ -133,13 +128,15 @@ class Variables:
         fill = names.within(card).fill
         scenario = names.fill(story.info.scenario) or (fill(card.scenario) if card else "")
         example = "\n".join(
-            t for t in (self.lore_join(5), fill(card.example_dialogue) if card else "", self.lore_join(6)) if t
+            t
+            for t in (
+                self.lore_join(LorePosition.EXAMPLES_TOP),
+                fill(card.example_dialogue) if card else "",
+                self.lore_join(LorePosition.EXAMPLES_BOTTOM),
+            )
+            if t
         )
-        placed = (
-            self.lore.placed
-            if self.lore.engine == "keyword"
-            else sorted(self.lore.placed, key=lambda d: -d.entry.order)
-        )
+        placed = self.lore.ranked
         world = [{"name": d.entry.name, "content": self.lore_text(d)} for d in placed if not d.entry.character]
         bound: dict[str, list[dict[str, str]]] = {}
         for d in placed:
@@ -172,12 +169,12 @@ class Variables:
             "exampleDialogue": example,
             "mesExamples": "".join(example_blocks(example, DEFAULT_EXAMPLE_SEPARATOR, instruct=False)),
             "mesExamplesRaw": example,
-            "wiBefore": self.lore_join(0),
-            "wiAfter": self.lore_join(1),
-            "loreBefore": self.lore_join(0),
-            "loreAfter": self.lore_join(1),
-            "loreNoteTop": self.lore_join(2),
-            "loreNoteBottom": self.lore_join(3),
+            "wiBefore": self.lore_join(LorePosition.BEFORE),
+            "wiAfter": self.lore_join(LorePosition.AFTER),
+            "loreBefore": self.lore_join(LorePosition.BEFORE),
+            "loreAfter": self.lore_join(LorePosition.AFTER),
+            "loreNoteTop": self.lore_join(LorePosition.NOTE_TOP),
+            "loreNoteBottom": self.lore_join(LorePosition.NOTE_BOTTOM),
             "anchorBefore": "",
             "anchorAfter": "",
             "worldLore": json.dumps(world, ensure_ascii=False, indent=2) if world else "",
@@ -257,7 +254,10 @@ class Variables:
         }
         target = max(0, entries - 1 - self.settings.post_history_depth)
         # World Info's author's-note positions (2, 3) stand beside the reminder, at its index.
-        note = {"loreNoteTop": self.lore_join(2), "loreNoteBottom": self.lore_join(3)}
+        note = {
+            "loreNoteTop": self.lore_join(LorePosition.NOTE_TOP),
+            "loreNoteBottom": self.lore_join(LorePosition.NOTE_BOTTOM),
+        }
         return {
             "targetIndex": target,
             "hasContent": any(post.values()),

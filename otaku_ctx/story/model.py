@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -81,15 +82,23 @@ class Lore:
     line: int | None = None
 
 
-LORE_POSITIONS = {
-    0: "before",
-    1: "after",
-    2: "note_top",
-    3: "note_bottom",
-    4: "depth",
-    5: "examples_top",
-    6: "examples_bottom",
-}
+class LorePosition(IntEnum):
+    """Where an entry stands in the prompt: World Info's `position` 0..6, by SillyTavern's numbers."""
+
+    BEFORE = 0  # before the character's description (wiBefore)
+    AFTER = 1  # after it (wiAfter)
+    NOTE_TOP = 2  # the author's note's top
+    NOTE_BOTTOM = 3  # its bottom
+    DEPTH = 4  # in the chat, `depth` messages from the end, in its `role`
+    EXAMPLES_TOP = 5  # before the example dialogue
+    EXAMPLES_BOTTOM = 6  # after it
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+LORE_POSITIONS = {p.value: p.label for p in LorePosition}
 LORE_ROLES: tuple[Role, ...] = ("system", "user", "assistant")  # World Info's `role` 0, 1, 2
 SELECTIVE_LOGICS = ("AND_ANY", "NOT_ALL", "NOT_ANY", "AND_ALL")  # World Info's `selectiveLogic` 0..3
 
@@ -109,7 +118,7 @@ class LoreEntry:
     selective: bool = True
     selective_logic: int = 0  # index into SELECTIVE_LOGICS
     order: int = 100
-    position: int = 0  # a key of LORE_POSITIONS
+    position: LorePosition = LorePosition.BEFORE
     depth: int = 4
     role: int = 0  # index into LORE_ROLES
     scan_depth: int | None = None

@@ -10,15 +10,37 @@ converted the way SillyTavern converts it (`keys` → key, `insertion_order` →
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import StoryError
 from ..files import reading
-from ..lore import regex_key
 from .jsonload import JSONProblem, loads
-from .model import LORE_POSITIONS, LORE_ROLES, SELECTIVE_LOGICS, LoreEntry
+from .model import LORE_POSITIONS, LORE_ROLES, SELECTIVE_LOGICS, LoreEntry, LorePosition
+
+if TYPE_CHECKING:
+    import regex
+
+_REGEX_KEY = re.compile(r"^/([\w\W]+?)/([gimsuy]*)$")
+
+
+def regex_key(key: str) -> regex.Pattern[str] | None:
+    """A `/pattern/flags` key as a pattern (JavaScript's flags i, m, s; g and y mean nothing
+    here), or None for a plain key. Raises `regex.error` for a bad pattern."""
+    match = _REGEX_KEY.match(key)
+    if not match or re.search(r"(^|[^\\])/", match.group(1)):
+        return None
+    import regex  # only a lorebook with regex keys needs it
+
+    pattern, letters = match.group(1).replace("\\/", "/", 1), match.group(2)
+    flags = regex.V0
+    flags |= regex.IGNORECASE if "i" in letters else 0
+    flags |= regex.MULTILINE if "m" in letters else 0
+    flags |= regex.DOTALL if "s" in letters else 0
+    return regex.compile(pattern, flags)
+
 
 # A lorebook is kilobytes to a few megabytes; past this it is not one.
 LOREBOOK_LIMIT = 64 * 2**20
@@ -129,7 +151,7 @@ def entry_from_world_info(
         selective=f.flag("selective", True),
         selective_logic=f.whole("selectiveLogic", 0, 0, len(SELECTIVE_LOGICS) - 1),
         order=f.whole("order", 100, -MOST_STEPS * 100, MOST_STEPS * 100),
-        position=position,
+        position=LorePosition(position),
         depth=f.whole("depth", 4),
         role=f.whole("role", 0, 0, len(LORE_ROLES) - 1),
         scan_depth=f.maybe_whole("scanDepth"),

@@ -1,0 +1,52 @@
+"""The rules a lore choice follows: the engines, their defaults for "auto", and the bounds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Engine = Literal["keyword", "sillytavern"]
+ENGINES: tuple[str, ...] = ("keyword", "sillytavern")
+# A regex key gets this long per scan before it counts as no match: a pattern that
+# backtracks catastrophically on a long message cannot hang the build (docs/lore.md).
+REGEX_SECONDS = 0.25
+# Timed effects replay at most this many turns back.
+MOST_REPLAY = 200
+# The keyword engine's TF-IDF looks at this many of the latest messages (the work grows with
+# the window, not with the story).
+IDF_MESSAGES = 2000
+MOST_SCAN_DEPTH = 1000  # SillyTavern's MAX_SCAN_DEPTH
+JOIN = "\n\x01"  # what SillyTavern joins scanned messages with
+
+
+@dataclass(frozen=True)
+class LoreRules:
+    """The `[lore]` settings with the engine's defaults in place of "auto"."""
+
+    engine: Engine = "keyword"
+    scan_depth: int = 10
+    budget: float = 25.0  # percent of the limit
+    budget_cap: int = 0  # tokens, 0 = none
+    recursive: bool = False
+    max_recursion_steps: int = 0
+    case_sensitive: bool = False
+    match_whole_words: bool = False
+    include_names: bool = True
+    min_activations: int = 0
+    min_activations_depth_max: int = 0
+    group_scoring: bool = False
+    world_cap: int = 20
+    character_cap: int = 15
+
+    def budget_for(self, limit: int) -> int:
+        """SillyTavern's World Info budget: a share of the limit (at least 1), capped."""
+        budget = max(1, round(self.budget * max(limit, 0) / 100))
+        return min(budget, self.budget_cap) if self.budget_cap > 0 else budget
+
+
+# What each engine takes for a setting left at "auto": SillyTavern's shipped defaults, and
+# seed 000's keyword engine (the last 10 messages, substring matching, the per-kind caps).
+ENGINE_DEFAULTS: dict[str, dict[str, int | bool]] = {
+    "keyword": {"scan_depth": 10, "recursive": False, "match_whole_words": False},
+    "sillytavern": {"scan_depth": 2, "recursive": True, "match_whole_words": True},
+}
