@@ -1,4 +1,4 @@
-"""The context assembler: otaku's six cases (seed 001), as ARCHITECTURE.md states them.
+"""The context assembler: otaku's six cases (seed 001), as docs/architecture.md states them.
 
 Read it beside the design. The window's sections, which every case is made of:
 

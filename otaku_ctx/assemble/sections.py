@@ -1,5 +1,5 @@
 """The window's sections, which every case is made of: head, covered chain, tail, cards, the
-recap at a level, and the tail targets (ARCHITECTURE.md's arithmetic)."""
+recap at a level, and the tail targets (docs/architecture.md's arithmetic)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@
   so a truncated or damaged file is an error, never a partial card.
 - Windows line ends (CRLF) in card texts become plain newlines.
 - Only the fields `Card` holds are kept, and the lorebook (`character_book`), converted the
-  way SillyTavern converts it (readers/worldinfo.py); alternate greetings, assets and
+  way SillyTavern converts it (story/worldinfo.py); alternate greetings, assets and
   extensions are not read.
 """
 

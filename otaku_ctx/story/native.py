@@ -1,4 +1,4 @@
-"""The native story format: JSONL, one object per line (see ARCHITECTURE.md).
+"""The native story format: JSONL, one object per line (see docs/architecture.md).
 
     {"role": "user"|"assistant"|"system", "name": "Mara", "content": "..."}   a message
     {"type": "card", "name": "Ilya", "description": "...", ...}              a card (numbered)

@@ -1,0 +1,124 @@
+"""The layout is the data flow, and the tests hold it there (docs/architecture.md).
+
+Every module imports on its own in a fresh interpreter (pip-tools' test_circular_imports is
+the model), and no stage imports a stage above it: `STAGES` is the table of what each stage
+may import, the same table docs/architecture.md draws. Imports inside functions and under
+`TYPE_CHECKING` count too: a lazy import is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "otaku_ctx"
+
+FOUNDATION = {"status", "errors", "locations", "files", "tokens"}
+# stage -> the stages it may import (besides itself). Lowest first: file -> Story -> lore ->
+# assembly -> settings -> template engine -> render -> build, replay, report -> CLI.
+STAGES: dict[str, set[str]] = {
+    "status": set(),
+    "errors": {"status"},
+    "locations": set(),
+    "files": {"errors", "status"},
+    "tokens": {"errors", "status"},
+    "story": {"errors", "status", "files"},
+    "lore": {"story"},
+    "assemble": {"story"},
+    "config": {"errors", "status", "locations", "tokens", "lore", "assemble"},
+    "hbs": {"errors", "status", "story"},  # story: the `Role` of a block, nothing else
+    "render": FOUNDATION | {"story", "lore", "assemble", "config", "hbs"},
+    "build": FOUNDATION | {"story", "lore", "assemble", "config", "hbs", "render"},
+    "replay": FOUNDATION | {"story", "config", "hbs", "render", "build"},
+    "report": FOUNDATION | {"story", "lore", "assemble", "render", "build"},
+    "cli": FOUNDATION | {"story", "lore", "assemble", "config", "hbs", "render", "build", "replay", "report", ""},
+    "__main__": {"status", "cli", ""},
+    "": {"story", "lore", "assemble", "config", "hbs", "render", "build", "errors", "tokens"},  # the lazy public API
+}
+UI = {"typer", "click", "rich"}
+
+
+def modules() -> list[str]:
+    names = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "configs" in path.relative_to(PACKAGE).parts:
+            continue
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names.append(".".join(parts))
+    return names
+
+
+def stage(module: str) -> str:
+    """`otaku_ctx.render.emit` -> "render"; the package itself -> ""."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def imports(module: str) -> set[str]:
+    """Every module `module` imports, by its absolute name, wherever the import statement is."""
+    path = REPO / Path(*module.split("."))
+    is_package = path.is_dir()
+    source = (path / "__init__.py" if is_package else path.with_suffix(".py")).read_text(encoding="utf-8")
+    package = module if is_package else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in MODULES)
+    return found
+
+
+MODULES = modules()
+
+
+def test_the_layout_finds_every_stage() -> None:
+    """A new top-level module or folder must be given its place in `STAGES` (and the docs)."""
+    assert {stage(m) for m in MODULES} == set(STAGES)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_no_stage_imports_one_above_it(module: str) -> None:
+    own = stage(module)
+    above = sorted(
+        target
+        for target in imports(module)
+        if target.startswith("otaku_ctx") and (s := stage(target)) != own and s not in STAGES[own]
+    )
+    assert not above, f"{module} ({own or 'the package'}) imports {above}; docs/architecture.md says what it may"
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if stage(m) != "cli"])
+def test_the_core_knows_no_terminal(module: str) -> None:
+    ui = sorted(t for t in imports(module) if t.split(".")[0] in UI)
+    assert not ui, f"{module} imports {ui}: only otaku_ctx.cli may"
+
+
+def test_every_module_imports_on_its_own() -> None:
+    """Each module in a fresh interpreter of its own, so no module works only because another
+    was imported first (the cycle `import otaku_ctx.cli_template` once fell into)."""
+    script = "import importlib, sys\nimportlib.import_module(sys.argv[1])\n"
+    running = [
+        (m, subprocess.Popen([sys.executable, "-c", script, m], cwd=REPO, stderr=subprocess.PIPE, text=True))
+        for m in MODULES
+    ]
+    failed = {}
+    for module, process in running:
+        _, err = process.communicate(timeout=120)
+        if process.returncode:
+            failed[module] = err.strip().splitlines()[-1:]
+    assert not failed
+    assert len(running) > 40
