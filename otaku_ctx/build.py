@@ -151,6 +151,21 @@ def prepare(story: Story, settings: Settings, *, emit: str = "text") -> Prepared
     return Prepared(story, settings, names, template.for_format(format), format, emit)
 
 
+def native_text(story: Story) -> str:
+    """The story as a native JSONL file that builds the same prompts (`ctx convert`).
+
+    `{{char}}` is written as this story resolves it. A SillyTavern header's character name
+    only counts when no card stands before the chat (SillyTavern never reads its header
+    back), while a native story's own `char` always counts: written as it was, a header
+    name that differs from the card's would become the character."""
+    from dataclasses import replace
+
+    from .story.convert import to_native_text
+
+    char = resolve_names(story).char.name
+    return to_native_text(replace(story, info=replace(story.info, char=char)))
+
+
 def renderer_for(
     story: Story, settings: Settings, *, emit: str = "text", reserve: int = 0, lore: LoreChoice | None = None
 ) -> PromptRenderer:

@@ -116,10 +116,9 @@ def convert_cmd(
     debug: Debug = False,
 ) -> None:
     """Write STORY (any readable format) as native JSONL, atomically."""
-    from ..build import open_story
+    from ..build import native_text, open_story
     from ..errors import ConfigError
     from ..files import as_regular_file, write_output
-    from ..story.convert import to_native_text
 
     settings_from(config)
     cards = list(card or [])
@@ -130,5 +129,5 @@ def convert_cmd(
         converted = open_story(path, source_format.value if source_format else None, cards, conversation)
     for note in converted.notes:
         terminal().say(f"ctx: {note}")
-    write_output(target, to_native_text(converted), [story, *cards], stdout_of(terminal()))
+    write_output(target, native_text(converted), [story, *cards], stdout_of(terminal()))
     terminal().say(f"wrote {output}: {len(converted)} messages, {len(converted.scenes)} scenes")
