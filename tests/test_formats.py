@@ -446,3 +446,29 @@ def test_an_unreadable_file_is_a_config_error(tmp_path: Path, name: str, text: s
 def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such file"):
         load_format(str(tmp_path / "nope.toml"), [])
+
+
+# --- names are data in sequences --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("user", "char"),
+    [("{{char}}", "Ilya"), ("<BOT>", "Ilya"), ("Wren", "{{user}}"), ("{{name}} Jr", "Ilya"), ("Wren", "{{NAME}}")],
+)
+def test_a_name_that_looks_like_a_macro_is_written_as_it_is(user: str, char: str, tmp_path: Path) -> None:
+    """`{{user}}` and `{{char}}` are filled in one pass, and `{{name}}` in a sequence only where
+    the sequence wrote it: a persona named "{{char}}" must not become the character's name."""
+    from otaku_ctx.render.formats import bind
+
+    path = write(
+        tmp_path,
+        "m.toml",
+        'input_sequence = "<{{user}}|{{name}}>"\noutput_sequence = "<{{char}}|{{name}}>"\n'
+        'stop = ["{{user}}:"]\nwrap = false\nnames_behavior = "none"\n',
+    )
+    fmt = bind(load_format(str(path), []), user, char)
+    blocks = [Block("user", "hi", name=user), Block("assistant", "yo", name=char), Block("assistant", "", open=True)]
+    text = render_text(fmt, blocks)
+    assert text.startswith(f"<{user}|{user}>hi<{char}|{char}>yo<{char}|{char}>"), text
+    assert fmt.stop[0] == f"{user}:"
+    assert "\ue000" not in text + "".join(fmt.stop)  # the mark that stands for a name's braces never shows

@@ -94,6 +94,7 @@ How a text prompt is built (`render_text`), and the decisions a user should know
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from collections.abc import Sequence
@@ -140,8 +141,12 @@ _BOOL_FIELDS = ("chat", "system_same_as_user", "wrap", "alternate", "skip_exampl
 _TOML_KEYS = (*_STR_FIELDS, *_BOOL_FIELDS, "stop")
 
 _NAME = re.compile(r"\{\{name\}\}", re.IGNORECASE)
-_USER = re.compile(r"\{\{user\}\}|<USER>", re.IGNORECASE)
-_CHAR = re.compile(r"\{\{char\}\}|<BOT>", re.IGNORECASE)
+_NAMES = re.compile(r"\{\{(?:(user)|char)\}\}|<(?:(USER)|BOT)>", re.IGNORECASE)
+# A `{{name}}` inside a user's or character's name is text, not the macro: `bind` writes this
+# mark in place of its `{{`, and the braces come back as the prompt leaves this module
+# (`text_pieces`, `render_messages`), after every `{{name}}` macro is filled. Its nonce is new
+# every run, so no story text can hold it.
+_BRACES = f"\ue000braces-{os.urandom(6).hex()}\ue001"
 
 
 @dataclass(frozen=True)
@@ -190,11 +195,22 @@ def bind(fmt: Format, user: str, char: str, group: bool = False) -> Format:
     if not fmt.macro:
         return fmt
 
+    # One pass: a name is data, so a user named "{{char}}" stays "{{char}}".
+    guarded = {
+        True: _NAME.sub(lambda m: _BRACES + m[0][2:], user),
+        False: _NAME.sub(lambda m: _BRACES + m[0][2:], char),
+    }
+
     def fill(text: str) -> str:
-        return _CHAR.sub(lambda _: char, _USER.sub(lambda _: user, text))
+        return _NAMES.sub(lambda m: guarded[bool(m.group(1) or m.group(2))], text)
 
     filled: dict[str, Any] = {key: fill(getattr(fmt, key)) for key in (*_SEQUENCE_FIELDS, "system_preamble", "bos")}
-    return replace(fmt, stop=_unique([fill(s) for s in fmt.stop]), **filled)
+    return replace(fmt, stop=_unique([_shown(fill(s)) for s in fmt.stop]), **filled)
+
+
+def _shown(text: str) -> str:
+    """Text as it leaves the format: a name's own `{{name}}` given back (see `_BRACES`)."""
+    return text.replace(_BRACES, "{{") if _BRACES in text else text
 
 
 # --- finding and loading ------------------------------------------------------------------
@@ -403,7 +419,7 @@ def text_pieces(fmt: Format, blocks: Sequence[Block]) -> list[str]:
             continue
         position = "last" if index == last_user else "first" if index == first else ""
         parts.append(_closed_turn(fmt, block, position, before_chat=first < 0 or index < first))
-    return parts
+    return [_shown(part) for part in parts]
 
 
 def render_messages(fmt: Format, blocks: Sequence[Block]) -> list[dict[str, str]]:
@@ -417,7 +433,7 @@ def render_messages(fmt: Format, blocks: Sequence[Block]) -> list[dict[str, str]
         text = text.rstrip() if block.open else text
         if block.open and not text:
             continue
-        messages.append({"role": block.role, "content": text})
+        messages.append({"role": block.role, "content": _shown(text)})
     return messages
 
 
