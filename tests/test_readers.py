@@ -396,3 +396,30 @@ def test_a_native_story_with_a_byte_order_mark_reads_from_its_first_line(tmp_pat
     story = read_story(path)
     assert [m.content for m in story.messages] == ["hi", "hello"]
     assert check_story(path) == ("native", [])
+
+
+def test_the_oldest_tavernai_chat_an_array_of_strings_reads() -> None:
+    """SillyTavern's own `characters/Aqua/chats/1673181146000.json` (before its JSONL rows):
+    a JSON array of "Name: text" strings; the first speaker is the character."""
+    path = Path(__file__).parent / "fixtures" / "neighbours" / "tavernai-array-aqua.json"
+    assert detect_format(path) == "tavernai"
+    story = read_story(path)
+    (only,) = story.messages
+    assert (only.role, only.name) == ("assistant", "Aqua")
+    assert only.content.startswith('*I am in the town square at a city named "Axel".') and only.content.endswith(
+        "eyes*"
+    )
+
+
+def test_a_tavernai_array_tells_its_speakers_apart(tmp_path: Path) -> None:
+    path = tmp_path / "chat.json"
+    path.write_text(json.dumps(["Aqua: Hello!\n", "You: Hi. Who are you?\n", "a second line\n", "Aqua: A goddess."]))
+    story = read_story(path)
+    assert [(m.role, m.name, m.content) for m in story.messages] == [
+        ("assistant", "Aqua", "Hello!"),
+        ("user", "You", "Hi. Who are you?\na second line"),
+        ("assistant", "Aqua", "A goddess."),
+    ]
+    path.write_text(json.dumps(["no speaker here"]))
+    with pytest.raises(StoryError, match='does not start with "Name: "'):
+        read_story(path)

@@ -47,6 +47,7 @@ class SourceFormat(StrEnum):
     otaku = "otaku"
     sharegpt = "sharegpt"
     finetune = "finetune"
+    tavernai = "tavernai"
 
 
 class TokenizerName(StrEnum):

@@ -10,6 +10,7 @@ the first bytes (and, for JSON lines, the first record). `source_format` overrid
     otaku        an otaku Markdown story export (format-version 3)
     sharegpt     ShareGPT conversations ({"conversations": [{"from", "value"}]})
     finetune     OpenAI fine-tuning JSONL ({"messages": [...]} a line)
+    tavernai     the oldest TavernAI chat: a JSON array of "Name: text" strings
 
 Files that are something else get an error naming what they are: a character card, a World
 Info lorebook, or a chat from another tool (oobabooga, Character.AI exports) that SillyTavern
@@ -37,6 +38,7 @@ READERS: dict[str, tuple[str, str]] = {
     "otaku": ("otaku", "read_otaku"),
     "sharegpt": ("neighbours", "read_sharegpt"),
     "finetune": ("neighbours", "read_finetune"),
+    "tavernai": ("neighbours", "read_tavernai"),
 }
 MANY = ("sharegpt", "finetune")  # the formats holding many conversations (--conversation N)
 
@@ -93,6 +95,8 @@ def detect_format(path: Path | str) -> str:
     if not start:
         return "native"  # the native reader says what an empty story lacks
     if start.startswith("["):
+        if start[1:].lstrip().startswith('"'):
+            return "tavernai"  # an array of "Name: text" strings
         return "sharegpt" if '"conversations"' in start[:2000] else "openai"
     if start.startswith("{"):
         return _json_lines_format(path, text)

@@ -1,8 +1,14 @@
-"""Files people keep next to their chats: ShareGPT datasets and OpenAI fine-tuning JSONL.
+"""Files people keep next to their chats: ShareGPT datasets, OpenAI fine-tuning JSONL, and
+the oldest TavernAI chats.
 
     sharegpt   {"conversations": [{"from": "human"|"gpt"|"system", "value": "..."}]}, one such
                object, a JSON array of them, or JSONL with one a line
     finetune   OpenAI fine-tuning JSONL: {"messages": [{"role", "content", "name"?}]} a line
+    tavernai   a JSON array of "Name: text" strings, one a message: how TavernAI saved a chat
+               before its JSONL rows (SillyTavern shipped `characters/Aqua/chats/1673181146000.json`
+               so until January 2023). Such a chat opens with the character's greeting, so the
+               first speaker is the character (assistant) and every other name is the user; a
+               string with no "Name:" continues the one before it.
 
 Both can hold many conversations; a story is one. `conversation` (1-based, `--conversation N`)
 picks it. A ShareGPT file of one conversation needs none; a fine-tuning file defaults to its
@@ -73,6 +79,33 @@ def read_finetune(path: Path, conversation: int | None = None) -> Story:
         note = f"{path}: {len(found)} conversations; read the last (line {line}); pick one with --conversation N"
         story = replace(story, notes=(note,))
     return story
+
+
+def read_tavernai(path: Path) -> Story:
+    """A TavernAI chat saved as a JSON array of "Name: text" strings (see the module's notes)."""
+    lines = list(_lines(path))
+    start = next((n for n, t in lines if t.strip()), 1)
+    try:
+        whole = loads("".join(t for _, t in lines))
+    except JSONProblem as exc:
+        raise StoryError(path, exc.line if exc.column else start, _hinted(exc, "file")) from None
+    if not isinstance(whole, list) or not all(isinstance(item, str) for item in whole):
+        raise StoryError(path, start, 'a TavernAI chat is a JSON array of "Name: text" strings')
+    messages: list[dict[str, str]] = []
+    character = ""
+    for item in whole:
+        name, colon, text = item.partition(": ")
+        if not colon or "\n" in name or not name.strip():
+            if not messages:
+                raise StoryError(path, start, f'the first message does not start with "Name: ": {item[:40]!r}')
+            messages[-1]["content"] += "\n" + item.rstrip("\n")
+            continue
+        character = character or name
+        role = "assistant" if name == character else "user"
+        messages.append({"role": role, "name": name, "content": text.rstrip("\n")})
+    if not messages:
+        raise StoryError(path, start, "the chat holds no message")
+    return _story(path, [(start, json.dumps(m, ensure_ascii=False)) for m in messages], "tavernai")
 
 
 def _story(path: Path, records: list[tuple[int, str]], source_format: str) -> Story:
