@@ -127,7 +127,7 @@ class Prepared:
         `reserve` tokens (a request body's `max_tokens`)."""
         p, m = self.settings.prompt, self.settings.model
         variables = Variables(self.story, self.names.names, p, lore or LoreChoice.empty())
-        bound = bound_for_window(m.window)
+        bound = bound_for_window(m.window, self.story.longest_text)
         return PromptRenderer(
             variables, self.template, self.format, self.emit, reserve, bound, m.name, m.max_stop_strings
         )

@@ -434,3 +434,13 @@ def test_no_foreign_exception_escapes() -> None:
         compile_template("{{x}}", "t").render({"x": object()})
     with pytest.raises(TemplateError):
         compile_template("{{x}}", "t").render(["not", "a", "dict"])  # type: ignore[arg-type]
+
+
+def test_a_path_that_climbs_past_the_bound_is_a_template_error_at_its_tag() -> None:
+    """1,000 `../` is far beyond any template; more is refused when compiled, with the line and
+    column and a short rendering of the path, not as a damaged program at link time."""
+    deep = "{{#each xs}}" + "{{" + "../" * 1001 + "x}}" + "{{/each}}"
+    with pytest.raises(TemplateError, match=r"^t:1:13: invalid path `(\.\./){10}.*`: it climbs 1001 levels") as info:
+        compile_template(deep, "t")
+    assert len(str(info.value)) < 200
+    assert compile_template(deep.replace("../" * 1001, "../" * 1000), "t").render_text({"xs": [1]}) == ""

@@ -60,3 +60,36 @@ def test_ctx_build_stops_a_runaway_template_with_a_one_line_error(
     assert (code, out) == (1, "")
     assert f"{template}: renders more than 4,000,000 characters" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_the_bound_stops_growing_with_the_window_but_always_holds_the_longest_text() -> None:
+    from otaku_ctx.hbs.runtime import RENDER_CEILING
+
+    assert bound_for_window(10**9) == RENDER_CEILING == 64 * 2**20
+    assert bound_for_window(8192, longest=5_000_000) == 40_000_000
+    assert bound_for_window(10**9, longest=10**8) == 8 * 10**8
+
+
+def test_a_runaway_template_stops_at_the_ceiling_whatever_the_window(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """With --window 10^9 the bound once scaled to 256 billion characters and the run ran out
+    of memory after 90 s; now it stops at the ceiling, a one-line error."""
+    template = tmp_path / "runaway.hbs"
+    template.write_text(NESTED.replace("@root.chatMessages", "@root.head"), encoding="utf-8")
+    code, out, err = run(capsys, "build", CASE4, "--template", template, "--window", "1000000000")
+    assert (code, out) == (1, "")
+    assert f"{template}: renders more than 67,108,864 characters" in err
+
+
+def test_one_huge_message_is_a_refusal_about_its_size_not_a_template_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import json
+
+    story = tmp_path / "big.jsonl"
+    rows = [("user", "hello"), ("assistant", "word " * 1_000_000), ("user", "bye")]
+    story.write_text("".join(json.dumps({"role": r, "content": c}) + "\n" for r, c in rows), encoding="utf-8")
+    code, out, err = run(capsys, "build", story, "--window", "8192", "--reserve", "100", "--tokenizer", "estimate")
+    assert (code, out) == (3, "")
+    assert "nothing fits: the smallest prompt reached is 1,2" in err and "characters" not in err

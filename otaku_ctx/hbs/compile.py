@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..errors import TemplateError
 from .check import Checker, line_column, stache
 from .parse import build
-from .program import DamagedProgram, link
+from .program import MOST_UP, DamagedProgram, link
 from .runtime import BLOCK_HELPERS, INLINE_HELPERS, ROLE_HELPERS, Template
 
 
@@ -143,7 +143,8 @@ class _Builder:
         written = "".join(_token_text(token) for token in tokens)
 
         def invalid(why: str) -> TemplateError:
-            return self.error(at, f"invalid path `{written}`: {why}")
+            shown = written if len(written) <= 60 else f"{written[:30]}…{written[-20:]}"
+            return self.error(at, f"invalid path `{shown}`: {why}")
 
         index, depth, data, scoped = 0, 0, False, False
         if tokens and tokens[0] == ("dataup",):
@@ -175,6 +176,8 @@ class _Builder:
             raise invalid("it ends with a separator")
         if data and not parts:
             raise invalid("name the data value, e.g. @index")
+        if depth > MOST_UP:
+            raise invalid(f"it climbs {depth} levels; a path climbs at most {MOST_UP} (`../`)")
         return _Path(depth, data, scoped, tuple(parts), written)
 
     def reference(self, path: _Path, scopes: tuple) -> list:
@@ -295,8 +298,13 @@ def compile_program(source: str, name: str) -> list:
 
 def compile_template(source: str, name: str) -> Template:
     """Compile a Handlebars template now (no cache); every problem is a `TemplateError`."""
-    program = compile_program(source, name)
+    return linked(compile_program(source, name), name)
+
+
+def linked(program: list, name: str) -> Template:
+    """Link a program this module just compiled; a program `link` refuses is a bug here, never
+    the template's fault, and is said as one line like any template problem."""
     try:
         return link(program, name)
-    except DamagedProgram as exc:  # a bug here, never the template's fault
+    except DamagedProgram as exc:
         raise TemplateError(name, None, None, f"internal error: the compiled program is invalid ({exc})") from None

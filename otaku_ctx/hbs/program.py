@@ -50,7 +50,7 @@ from .runtime import (
 # version are ignored (and the shipped ones fail their up-to-date test until regenerated).
 ENGINE_VERSION = 2
 FORMAT = "otaku-ctx hbs program"
-_MOST_UP = 1000  # `../` levels; far beyond any real template
+MOST_UP = 1000  # `../` levels; far beyond any real template (compile refuses more)
 
 
 class DamagedProgram(ValueError):
@@ -138,7 +138,7 @@ class _Linker:
             return lambda frame: constant
         if kind == "key" and size == 2 and type(node[1]) is str:
             return _key_getter(node[1])
-        if kind in ("path", "data") and size == 3 and _is_int(node[1], _MOST_UP):
+        if kind in ("path", "data") and size == 3 and _is_int(node[1], MOST_UP):
             keys = _keys(node[2])
             if kind == "data":
                 _need(len(keys) >= 1 and keys[0] != PARENT_DATA, "a data path names no value")

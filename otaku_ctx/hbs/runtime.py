@@ -406,12 +406,18 @@ def section_step(get: Getter, fn: Step, inverse: Step) -> Step:
 
 
 RENDER_FLOOR = 4_000_000  # characters: the least bound a prompt render gets, whatever the window
+# characters: the most a bound grows with the window. A window of ten million tokens is 40M
+# characters of prompt; past this a template that repeats the story runs out of memory, not
+# of bound (a 10^9-token --window once did, after 90 s).
+RENDER_CEILING = 64 * 2**20
 
 
-def bound_for_window(window_tokens: int) -> int:
+def bound_for_window(window_tokens: int, longest: int = 0) -> int:
     """The most characters a prompt render may produce: 64 windows' worth at 4 characters per
-    token (a template that repeats the whole story many times over), and never under 4 MB."""
-    return max(64 * 4 * window_tokens, RENDER_FLOOR)
+    token (a template that repeats the whole story many times over), never under 4 MB nor,
+    by the window, over 64 MiB — and always 8 times the `longest` text it renders, so one
+    huge message is priced (and refused for its size) rather than blamed on the template."""
+    return max(min(64 * 4 * window_tokens, RENDER_CEILING), RENDER_FLOOR, 8 * longest)
 
 
 class _Bounded:

@@ -87,10 +87,10 @@ def cached_template(source: str, name: str, *, shipped: Path | None, cache: Path
                 return link(program, name)
             except DamagedProgram:
                 pass
-    from .compile import compile_program  # imports pybars3: only now that a parse is needed
+    from .compile import compile_program, linked  # imports pybars3: only now that a parse is needed
 
     program = compile_program(source, name)
-    template = link(program, name)
+    template = linked(program, name)
     if cache is None:
         return template
     try:

@@ -188,6 +188,14 @@ class Story:
         return tuple(m for m in self.messages if m.card is not None)
 
     @cached_property
+    def longest_text(self) -> int:
+        """The characters of the story's longest single text (a message, a summary or history,
+        the system message): what one render may have to hold whatever the window."""
+        texts = [len(m.content) for m in self.messages]
+        texts += [max(len(s.summary or ""), len(s.history or "")) for s in self.scenes]
+        return max([len(self.system), *texts])
+
+    @cached_property
     def speakers(self) -> dict[tuple[Role, str], int]:
         """Who speaks the story's messages (cards aside): how many messages each (role, name)
         has — name "" for an unnamed row — in the order each first speaks. Counted once per
