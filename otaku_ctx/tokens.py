@@ -24,8 +24,32 @@ from .errors import ConfigError
 TOKENIZERS = ("cl100k_base", "estimate")
 
 
+# A text longer than this (a whole rendered prompt, a system turn full of lore) is counted once
+# per build, not once per story: its count is kept among the last `_RECENT_LONG` only, so a
+# counter that outlives many builds (a replay's turns) holds what the story holds, not what
+# every turn rendered (a 318-turn replay once kept 22 million characters of old prompts).
+_LONG = 4096
+_RECENT_LONG = 32
+
+
+class _Cache(dict[str, object]):
+    """Short texts forever, long ones among the most recent few (see `_LONG`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.long: dict[str, None] = {}  # insertion order: the oldest first
+
+    def keep(self, text: str, value: object) -> None:
+        self[text] = value
+        if len(text) > _LONG:
+            self.long[text] = None
+            if len(self.long) > _RECENT_LONG:
+                oldest = next(iter(self.long))
+                del self.long[oldest], self[oldest]
+
+
 class TokenCounter:
-    """Counts tokens of a text, caching each distinct text."""
+    """Counts tokens of a text, caching each distinct text (long ones only while recent)."""
 
     name: str
 
@@ -38,9 +62,9 @@ class TokenCounter:
     ) -> None:
         self.name = name
         self._count = count
-        self._cache: dict[str, int] = {}
+        self._cache = _Cache()
         self._context = context
-        self._contexts: dict[str, str] = {}
+        self._contexts = _Cache()
         self.calls = 0  # distinct texts actually counted (for tests and benchmarks)
         # Whether the count of joined texts is (about) the sum of their counts. len // 4 is
         # not: it floors each piece, so pieces are priced by `bound` (rounding up) instead.
@@ -50,8 +74,9 @@ class TokenCounter:
         cached = self._cache.get(text)
         if cached is None:
             self.calls += 1
-            cached = self._cache[text] = self._count(text)
-        return cached
+            cached = self._count(text)
+            self._cache.keep(text, cached)
+        return cached  # type: ignore[return-value]
 
     def context(self, text: str) -> str:
         """The end of `text` that decides how a text right after it is counted: the count of
@@ -62,8 +87,9 @@ class TokenCounter:
             return text
         found = self._contexts.get(text)
         if found is None:
-            found = self._contexts[text] = self._context(text)
-        return found
+            found = self._context(text)
+            self._contexts.keep(text, found)
+        return found  # type: ignore[return-value]
 
     def bound(self, text: str) -> int:
         """What `text` can add to a longer prompt: its count, or for a flooring estimate the

@@ -171,3 +171,20 @@ def test_the_prefix_encoder_encodes_each_text_as_tiktoken_does(first: str, edits
         at %= len(text) + 1
         text = {"append": text + piece, "cut": text[:at], "edit": text[:at] + piece + text[at + len(piece) :]}[kind]
         assert encode(text) == core.encode_ordinary(text)
+
+
+def test_a_counter_that_outlives_many_builds_keeps_only_recent_long_texts() -> None:
+    """A replay lends one counter to every turn; it once kept every turn's whole prompt. Short
+    texts (messages) stay cached for good, long ones (whole prompts) only while recent, and a
+    long text counted again after it was dropped counts the same."""
+    from otaku_ctx.tokens import _LONG, _RECENT_LONG
+
+    count = make_counter("estimate")
+    shorts = [f"message {i}" for i in range(500)]
+    longs = [f"{i:06d}" + "x" * _LONG for i in range(10 * _RECENT_LONG)]
+    for text in [*shorts, *longs]:
+        count(text)
+    kept = [text for text in count._cache if len(text) > _LONG]
+    assert len(kept) == _RECENT_LONG and kept == longs[-_RECENT_LONG:]
+    assert all(text in count._cache for text in shorts)
+    assert count(longs[0]) == len(longs[0]) // 4 and count.calls == 500 + 10 * _RECENT_LONG + 1
