@@ -45,7 +45,7 @@ class Problem:
 
 
 @dataclass
-class _Builder:
+class StoryBuilder:
     path: Path
     messages: list[Message] = field(default_factory=list)
     scenes: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
@@ -60,7 +60,7 @@ class _Builder:
         self.problems.append(Problem(line, message))
 
 
-def _lines(path: Path, problems: list[Problem] | None = None) -> Iterator[tuple[int, str]]:
+def read_lines(path: Path, problems: list[Problem] | None = None) -> Iterator[tuple[int, str]]:
     """Yield (line number, text) of a UTF-8 file, streaming. A line of bytes that are not
     UTF-8 is a StoryError, or, given `problems`, reported there and skipped."""
     with reading(path):
@@ -82,7 +82,7 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _add_message(b: _Builder, number: int, obj: dict[str, Any]) -> None:
+def _add_message(b: StoryBuilder, number: int, obj: dict[str, Any]) -> None:
     role = _ROLE.get(obj.get("role"))  # type: ignore[arg-type]
     content = obj.get("content")
     name = obj.get("name")
@@ -98,7 +98,7 @@ def _add_message(b: _Builder, number: int, obj: dict[str, Any]) -> None:
     b.messages.append(Message(len(b.messages) + 1, role, content, name or None, line=number))  # type: ignore[arg-type]
 
 
-def _checked_message(b: _Builder, number: int, obj: dict[str, Any]) -> str | None:
+def _checked_message(b: StoryBuilder, number: int, obj: dict[str, Any]) -> str | None:
     """The text of a message that is not plain (content parts), or None after reporting what is wrong."""
     role = obj.get("role")
     if role is None:
@@ -125,7 +125,7 @@ def _checked_message(b: _Builder, number: int, obj: dict[str, Any]) -> str | Non
     return content
 
 
-def _parts_text(b: _Builder, number: int, parts: list[Any]) -> str | None:
+def _parts_text(b: StoryBuilder, number: int, parts: list[Any]) -> str | None:
     """OpenAI content parts: the text parts joined; other parts (images, audio) are left out.
     A part that is not an object, or whose "text" is not text, is an error, never a silent gap."""
     texts = []
@@ -148,7 +148,7 @@ def _parts_text(b: _Builder, number: int, parts: list[Any]) -> str | None:
     return "".join(texts)
 
 
-def _card(b: _Builder, number: int, obj: dict[str, Any]) -> Card | None:
+def _card(b: StoryBuilder, number: int, obj: dict[str, Any]) -> Card | None:
     """A Card from a card record (or a cast entry), or None after reporting what is wrong."""
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
@@ -171,7 +171,7 @@ def _card(b: _Builder, number: int, obj: dict[str, Any]) -> Card | None:
     return Card(name=name, tags=lists["tags"], aliases=lists["aliases"], **values)
 
 
-def _add_card(b: _Builder, number: int, obj: dict[str, Any]) -> None:
+def _add_card(b: StoryBuilder, number: int, obj: dict[str, Any]) -> None:
     card = _card(b, number, obj)
     if card is None:
         return
@@ -179,7 +179,7 @@ def _add_card(b: _Builder, number: int, obj: dict[str, Any]) -> None:
     b.messages.append(Message(len(b.messages) + 1, "system", "", name, card=card, line=number))
 
 
-def _add_scene(b: _Builder, number: int, obj: dict[str, Any]) -> None:
+def _add_scene(b: StoryBuilder, number: int, obj: dict[str, Any]) -> None:
     problems = []
     for key in ("start", "end"):
         value = obj.get(key)
@@ -200,7 +200,7 @@ def _add_scene(b: _Builder, number: int, obj: dict[str, Any]) -> None:
     b.scenes.append((number, obj))
 
 
-def _add_info(b: _Builder, number: int, obj: dict[str, Any]) -> None:
+def _add_info(b: StoryBuilder, number: int, obj: dict[str, Any]) -> None:
     for key, value in obj.items():
         if key == "type":
             continue
@@ -222,7 +222,7 @@ def _add_info(b: _Builder, number: int, obj: dict[str, Any]) -> None:
 WORLD_INFO_MARKS = ("uid", "key", "keysecondary", "content", "constant")
 
 
-def _add_world_info(b: _Builder, number: int, obj: dict[str, Any]) -> None:
+def _add_world_info(b: StoryBuilder, number: int, obj: dict[str, Any]) -> None:
     fields = {k: v for k, v in obj.items() if k not in ("type", "source", "character")}
     source, character = obj.get("source", b.path.name), obj.get("character", "")
     if not isinstance(source, str) or not isinstance(character, str):
@@ -235,7 +235,7 @@ def _add_world_info(b: _Builder, number: int, obj: dict[str, Any]) -> None:
         b.error(number, exc.message)
 
 
-def _add_lore(b: _Builder, number: int, obj: dict[str, Any]) -> None:
+def _add_lore(b: StoryBuilder, number: int, obj: dict[str, Any]) -> None:
     if any(mark in obj for mark in WORLD_INFO_MARKS):
         _add_world_info(b, number, obj)
         return
@@ -258,7 +258,7 @@ def _add_lore(b: _Builder, number: int, obj: dict[str, Any]) -> None:
 HANDLERS = {"message": _add_message, "card": _add_card, "scene": _add_scene, "story": _add_info, "lore": _add_lore}
 
 
-def _check_scenes(b: _Builder) -> list[Scene]:
+def check_scenes(b: StoryBuilder) -> list[Scene]:
     """Number the scenes by start and report overlaps, inversions, overruns and gaps."""
     n = len(b.messages)
     ordered = sorted(b.scenes, key=lambda item: (item[1]["start"], item[1]["end"]))
@@ -305,7 +305,7 @@ def _check_scenes(b: _Builder) -> list[Scene]:
     return scenes
 
 
-def _records(path: Path, problems: list[Problem]) -> Iterator[tuple[int, Any]]:
+def read_records(path: Path, problems: list[Problem]) -> Iterator[tuple[int, Any]]:
     """Yield (line number, decoded JSON) of each non-blank line of the file, streaming (see
     `_decoded`); a byte-order mark before the first line is dropped."""
     with reading(path):
@@ -338,7 +338,7 @@ def parse_records(
 ) -> tuple[Story, list[Problem]]:
     """Decoded native records, with their line numbers, into a Story and every problem found.
     `problems` (the decoder's, filled as `records` is consumed) are merged in line order."""
-    b = _Builder(path)
+    b = StoryBuilder(path)
     decoding = problems if problems is not None else []
     nonblank = 0
     enabled = gc.isenabled()
@@ -377,7 +377,7 @@ def parse_records(
         b.error(None, "the file is empty; a story needs at least one message")
     elif not b.messages and not any(p.severity == "error" for p in b.problems):
         b.error(None, "the story has no messages (only system lines, scenes or cards are not enough)")
-    scenes = _check_scenes(b)
+    scenes = check_scenes(b)
     story = Story(
         path=path,
         messages=tuple(b.messages),
@@ -394,7 +394,7 @@ def check_native(path: Path) -> tuple[Story | None, list[Problem]]:
     """Every problem of a native story file, in line order (for `ctx validate`)."""
     problems: list[Problem] = []
     try:
-        story, found = parse_records(path, _records(path, problems), problems)
+        story, found = parse_records(path, read_records(path, problems), problems)
     except StoryError as exc:  # the file cannot be opened at all
         return None, [Problem(exc.line, exc.message)]
     return story, sorted(found, key=lambda p: p.line or 0)

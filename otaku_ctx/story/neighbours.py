@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import StoryError
 from .jsonload import JSONProblem, loads
 from .model import Story
-from .native import _lines, parse_lines
+from .native import parse_lines, read_lines
 
 # ShareGPT `from` values as the datasets write them -> roles.
 SHAREGPT_ROLES = {
@@ -83,7 +83,7 @@ def read_finetune(path: Path, conversation: int | None = None) -> Story:
 
 def read_tavernai(path: Path) -> Story:
     """A TavernAI chat saved as a JSON array of "Name: text" strings (see the module's notes)."""
-    lines = list(_lines(path))
+    lines = list(read_lines(path))
     start = next((n for n, t in lines if t.strip()), 1)
     try:
         whole = loads("".join(t for _, t in lines))
@@ -118,7 +118,7 @@ def _story(path: Path, records: list[tuple[int, str]], source_format: str) -> St
 
 def _conversations(path: Path, key: str) -> list[tuple[int, dict[str, Any]]]:
     """(line, object) of each conversation: JSONL, or one JSON value (an object or an array)."""
-    lines = list(_lines(path))
+    lines = list(read_lines(path))
     text = "".join(t for _, t in lines)
     start = next((n for n, t in lines if t.strip()), 1)
     if text.lstrip().startswith("[") or not _jsonl(lines):

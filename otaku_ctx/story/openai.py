@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import StoryError
 from .jsonload import JSONProblem, raw_decode
 from .model import Story
-from .native import Problem, _lines, _records, parse_records
+from .native import Problem, parse_records, read_lines, read_records
 
 
 def read_openai(path: Path) -> Story:
@@ -29,7 +29,7 @@ def read_openai(path: Path) -> Story:
     if _starts_with_bracket(path):
         records = _array_elements(path, _text(path), problems)
     else:
-        records = _messages_only(_records(path, decoding), problems)
+        records = _messages_only(read_records(path, decoding), problems)
     story, found = parse_records(path, records, decoding)
     errors = [p for p in [*problems, *found] if p.severity == "error"]
     if errors:
@@ -39,7 +39,7 @@ def read_openai(path: Path) -> Story:
 
 
 def _starts_with_bracket(path: Path) -> bool:
-    for _, text in _lines(path):
+    for _, text in read_lines(path):
         if text.strip():
             return text.lstrip().startswith("[")
     return False

@@ -48,7 +48,7 @@ from typing import Any
 
 from ..errors import StoryError
 from .model import Card, Lore, Message, Scene, Story, StoryInfo
-from .native import _Builder, _check_scenes, _lines
+from .native import StoryBuilder, check_scenes, read_lines
 
 SUPPORTED_VERSION = 3
 SECTIONS = ("story", "scenes", "messages")
@@ -106,7 +106,7 @@ class _Profile:
 
 def read_otaku(path: Path) -> Story:
     """Read an otaku Markdown story export (format-version 3) into a Story."""
-    lines = [(n, text.rstrip("\r\n")) for n, text in _lines(path)]
+    lines = [(n, text.rstrip("\r\n")) for n, text in read_lines(path)]
     _check_version(path, lines)
     _check_fences(path, lines)
     sections = _sections(path, lines)
@@ -349,8 +349,8 @@ def _scenes(path: Path, lines: list[Line], messages: list[Message]) -> tuple[lis
         )
         ref = scene_id if scene_id is not None else order
         lore.extend(_lore(journal, ref) for journal in _split(part.body, 4))
-    builder = _Builder(path, messages=list(messages), scenes=records)
-    scenes = _check_scenes(builder)
+    builder = StoryBuilder(path, messages=list(messages), scenes=records)
+    scenes = check_scenes(builder)
     for problem in builder.problems:
         if problem.severity == "error":
             raise StoryError(path, problem.line, problem.message)

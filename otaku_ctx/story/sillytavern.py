@@ -30,7 +30,7 @@ from typing import Any
 from ..errors import StoryError
 from .jsonload import JSONProblem, loads
 from .model import Message, Story, StoryInfo
-from .native import _lines
+from .native import read_lines
 
 HEADER_KEYS = ("user_name", "character_name", "chat_metadata")
 UNUSED = "unused"  # what SillyTavern 1.15+ writes for both names in a header
@@ -43,7 +43,7 @@ def read_sillytavern(path: Path) -> Story:
     messages: list[Message] = []
     hidden = 0
     rows = 0
-    for number, text in _lines(path):
+    for number, text in read_lines(path):
         if not text.strip():
             continue
         row = _object(path, number, text)
