@@ -293,11 +293,14 @@ def load_settings(
     overrides: Mapping[str, tuple[Any, str]] | None = None,
     *,
     explicit: bool = False,
+    reader: Callable[[Path], bytes] | None = None,
 ) -> Settings:
     """Defaults, then the config file (if it exists), then `overrides` given on the command line
     ({"section.key": (value, label)}; a bad value there is a usage error).
 
     `explicit` means the user named the file (`--config`): then a missing file is an error.
+    `reader` reads the file's bytes: the CLI's (`files.read_input`) refuses devices, never
+    blocks on a FIFO and records the file as an input of the run, so `-o` never replaces it.
     """
     values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
     sources: dict[str, str] = {}
@@ -306,7 +309,7 @@ def load_settings(
     if path.is_dir():
         raise ConfigError(str(path), None, "is a directory; name the config file inside it")
     if path.exists():  # a file, or a pipe: `--config <(...)`
-        _apply_file(path, _read_toml(path), values, sources)
+        _apply_file(path, _read_toml(path, reader), values, sources)
         read = path
     elif explicit:
         raise ConfigError(str(path), None, "no such config file (run `ctx config init` to write one)")
@@ -326,12 +329,20 @@ def load_settings(
     )
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+CONFIG_BOUND = 1 << 20  # files.BOUNDS["config file"]: a config file is a few lines of TOML
+
+
+def _read_toml(path: Path, reader: Callable[[Path], bytes] | None = None) -> dict[str, Any]:
+    """The file's TOML, a UTF-8 byte-order mark dropped as every JSON reader drops it."""
     try:
-        data = path.read_bytes()
-        if len(data) > 1 << 20:
-            raise ConfigError(str(path), None, "is over 1 MiB; a config file is a few lines of TOML")
-        return tomllib.loads(data.decode("utf-8"))
+        if reader is None:
+            with path.open("rb") as handle:
+                data = handle.read(CONFIG_BOUND + 1)
+        else:
+            data = reader(path)
+        if len(data) > CONFIG_BOUND:
+            raise ConfigError(str(path), None, "is larger than the 1 MiB a config file may be; is it the right file?")
+        return tomllib.loads(data.decode("utf-8").removeprefix("\ufeff"))
     except UnicodeDecodeError:
         raise ConfigError(str(path), None, "is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:

@@ -75,3 +75,25 @@ class ContextOverflow(OtakuError):
         self.assembly = assembly
         self.message = message
         super().__init__(message)
+
+
+class FileError(OtakuError):
+    """A file the run reads or writes, named as the user gave it, and what is wrong with it."""
+
+    def __init__(self, path: Path | str, message: str) -> None:
+        self.path = str(path)
+        self.message = message
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class InputError(FileError):
+    """An input that is there but cannot be read as what it was given as: a directory, a
+    device, a FIFO no program writes to, a file past its kind's bound, UTF-16, unreadable.
+    (A path that names nothing is the reader's own StoryError or ConfigError.)"""
+
+
+class OutputError(FileError):
+    """A file `-o` must not or cannot write: an input of the run, write-protected, ..."""

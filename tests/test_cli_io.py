@@ -99,7 +99,7 @@ def test_o_onto_a_directory_or_nothing_names_what_the_user_gave(tmp_path):
     status, _, err = ctx("build", CASE3, "-o", tmp_path)
     assert status == ExitStatus.ERROR and err == f"ctx: {tmp_path}: is a directory; name a file inside it\n"
     status, _, err = ctx("build", CASE3, "-o", "")
-    assert status == ExitStatus.ERROR and "empty path" in err and ".tmp" not in err
+    assert status == ExitStatus.USAGE and "empty path" in err and ".tmp" not in err
 
 
 def test_o_dash_is_stdout(expected):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout, suppress
@@ -22,7 +23,7 @@ from .config import config_app
 from .replay import replay_cmd
 from .story import build_cmd, convert_cmd, inspect_cmd, validate_cmd
 from .template import template_app
-from .terminal import PipeClosed, StdoutClosed, Terminal, _terminal, write_stdout
+from .terminal import PipeClosed, StdoutClosed, Terminal, serving, write_stdout
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -56,15 +57,49 @@ def _main(
 
 
 def main(argv: list[str] | None = None, io: Terminal | None = None) -> int:
-    """Run `ctx`; every error becomes one line on stderr and its exit status."""
+    """Run `ctx`; every error becomes one line on stderr and its exit status. Every file the
+    run reads is recorded (`files.one_run`), so that no output of it lands on one."""
+    from ..files import one_run
+
     argv = sys.argv[1:] if argv is None else argv
     io = io or Terminal.of_process()
-    token = _terminal.set(io)
-    debug = "--debug" in argv
+    with serving(io), one_run(), _signals_end_the_run():
+        return _run(argv, io, "--debug" in argv)
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP, raised where the run is so that every `finally` runs: the copy of a
+    stream and the temp file of `-o` are removed. A BaseException, as KeyboardInterrupt is, so
+    that no handler of errors takes it for one."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def _signals_end_the_run() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into `Terminated` while the run lasts; a second one is ignored,
+    so the cleanup is not cut short. Only the main thread can handle signals."""
+
+    def stop(signum: int, frame: object) -> None:
+        for each in ENDING_SIGNALS:
+            signal.signal(each, signal.SIG_IGN)
+        raise Terminated(signum)
+
     try:
-        return _run(argv, io, debug)
+        before = {each: signal.signal(each, stop) for each in ENDING_SIGNALS}
+    except ValueError:  # not the main thread (a test's): signals stay as they are
+        yield
+        return
+    try:
+        yield
     finally:
-        _terminal.reset(token)
+        for each, handler in before.items():
+            signal.signal(each, signal.SIG_DFL if handler is None else handler)
 
 
 def _run(argv: list[str], io: Terminal, debug: bool) -> int:
@@ -100,6 +135,8 @@ def _run(argv: list[str], io: Terminal, debug: bool) -> int:
         return ExitStatus.ERROR
     except KeyboardInterrupt:
         return ExitStatus.INTERRUPTED
+    except Terminated as exc:  # killed: quiet, with the status of a process the signal ended
+        return 128 + exc.signum
     return ExitStatus.OK
 
 

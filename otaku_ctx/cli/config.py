@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .options import AsJson, ConfigPath, Debug, Force, settings_from
+from .options import AsJson, ConfigPath, Debug, Force, named, settings_from
 from .terminal import show, terminal, write_stdout
 
 config_app = typer.Typer(no_args_is_help=True, help="Write or show the settings.")
@@ -18,7 +18,7 @@ config_app = typer.Typer(no_args_is_help=True, help="Write or show the settings.
 def config_init(
     force: Force = False,
     config: Annotated[
-        Path | None,
+        str | None,
         typer.Option("--config", metavar="FILE", help="Write here instead of ~/.otaku/configs/config.toml."),
     ] = None,
     debug: Debug = False,
@@ -29,7 +29,8 @@ def config_init(
     from ..files import write_atomic
     from ..locations import config_path
 
-    path = config.expanduser() if config else config_path()
+    given = named(config, "--config", "an empty path; name the config file to write")
+    path = Path(given).expanduser() if config is not None else config_path()
     if path.exists() and not force:
         raise ConfigError(str(path), None, "already exists; pass --force to overwrite it")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from enum import Enum, StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -55,16 +55,21 @@ class TokenizerName(StrEnum):
     estimate = "estimate"
 
 
-StoryArg = Annotated[Path, typer.Argument(help="The story file, or - to read it from stdin.", show_default=False)]
+# File arguments stay text as given: `-` is stdin but `./-` a file, and `--config ''` is not `.`.
+StoryArg = Annotated[str, typer.Argument(help="The story file, or - to read it from stdin.", show_default=False)]
 ConfigPath = Annotated[
-    Path | None,
+    str | None,
     typer.Option("--config", metavar="FILE", help="Read this config file instead of ~/.otaku/configs/config.toml."),
 ]
 From = Annotated[
     SourceFormat | None, typer.Option("--from", help="Read the story as this format (default: by its content).")
 ]
 Cards = Annotated[
-    list[Path] | None, typer.Option("--card", metavar="FILE", help="Add a character card (JSON or PNG); repeatable.")
+    list[str] | None, typer.Option("--card", metavar="FILE", help="Add a character card (JSON or PNG); repeatable.")
+]
+MaxStorySize = Annotated[
+    str | None,
+    typer.Option("--max-story-size", metavar="SIZE", help="Read a story of up to SIZE (default 1G), e.g. 4G."),
 ]
 Force = Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the same facts as JSON.")]
@@ -89,6 +94,7 @@ _shared("emit", Emit, help="What to print.")
 _shared("source_format", From)
 _shared("card", Cards)
 _shared("conversation", Conversation)
+_shared("max_story_size", MaxStorySize)
 _shared("template", str | None, "prompt.template", metavar="NAME|FILE", help="Context template: a name or a .hbs file.")
 _shared(
     "format",
@@ -108,7 +114,7 @@ _shared("tail", int | None, "context.min_tail_messages", metavar="N", help="Rece
 _shared("reserve", str | None, "context.reply_reserve", metavar="TOKENS|auto", help="Tokens kept free for the reply.")
 _shared("cache", str | None, "context.cache", metavar="exact|stable", help="How the shape is chosen (docs/caching.md).")
 _shared("tokenizer", TokenizerName | None, "model.tokenizer", help="cl100k_base (exact) or estimate (len/4).")
-_shared("lore", list[Path] | None, "lore.files", metavar="FILE", help="Read a World Info lorebook; repeatable.")
+_shared("lore", list[str] | None, "lore.files", metavar="FILE", help="Read a World Info lorebook; repeatable.")
 _shared("debug", Debug)
 _DEFAULTS: dict[str, Any] = {"emit": Emit.text, "debug": False}
 
@@ -117,27 +123,26 @@ _DEFAULTS: dict[str, Any] = {"emit": Emit.text, "debug": False}
 class Request:
     """What a command that builds a prompt was asked: the story and the settings to build it with."""
 
-    story: Path
+    story: str  # as given: "-" is stdin
     source_format: str | None
     cards: tuple[Path, ...]
     conversation: int | None
     emit: str
-    config: Path | None
+    config: str | None
     overrides: dict[str, tuple[Any, str]]
+    story_bound: int | None = None  # --max-story-size
 
     def settings(self) -> Settings:
         return settings_from(self.config, self.overrides)
 
-    def inputs(self) -> list[Path]:
-        """Every file this command reads: what an output must never replace."""
-        lore = [Path(p) for p in self.overrides.get("lore.files", ((), ""))[0]]
-        return [self.story, *self.cards, *lore, *([self.config] if self.config else [])]
+    def read_story(self) -> Story:
+        """The story with its cards, read (see `read_story`)."""
+        return read_story(self.story, self.source_format, self.cards, self.conversation, self.story_bound)
 
     def run(self) -> tuple[Built, Story]:
         """Read the story and build it: (the `Built` result, the `Story`). What the reader
         chose for the user (which conversation of many) is said on stderr."""
-        from ..build import build, open_story
-        from ..files import as_regular_file
+        from ..build import build
         from ..tokens import make_counter
 
         settings = self.settings()
@@ -146,8 +151,7 @@ class Request:
             phase("loading the tokenizer")
             count = make_counter(settings.model.tokenizer)
             phase(f"reading {self.story}")
-            with as_regular_file(self.story, terminal().stdin) as path:
-                story = open_story(path, self.source_format, self.cards, self.conversation)
+            story = self.read_story()
             phase(f"building the prompt from {len(story):,} messages")
             built = build(story, settings, emit=self.emit, count=count)
         for note in story.notes:
@@ -178,15 +182,20 @@ def prompt_options(command: F) -> F:
             for name, _, dotted in PROMPT_OPTIONS
             if dotted and (value := options[name]) is not None
         }
+        for flag in ("template", "format"):
+            named(options[flag], f"--{flag}", "an empty name; name one, or a file")
+        for lore in options["lore"] or ():
+            named(lore, "--lore", "an empty path; name a lorebook file")
         source = options["source_format"]
         request = Request(
-            story=given["story"],
+            story=named(given["story"], "STORY", "an empty path; name the story file, or - for stdin"),
             source_format=source.value if source else None,
-            cards=tuple(options["card"] or ()),
+            cards=card_paths(options["card"]),
             conversation=options["conversation"],
             emit=options["emit"].value,
-            config=options["config"].expanduser() if options["config"] else None,
+            config=options["config"],
             overrides=overrides,
+            story_bound=story_bound(options["max_story_size"]),
         )
         return command(request=request, **given)
 
@@ -195,8 +204,60 @@ def prompt_options(command: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def settings_from(config: Path | None, overrides: dict[str, tuple[Any, str]] | None = None) -> Settings:
-    """The settings of `--config FILE` (which must exist) or of the default file (which may not)."""
+def settings_from(config: str | None, overrides: dict[str, tuple[Any, str]] | None = None) -> Settings:
+    """The settings of `--config FILE` (which must exist) or of the default file (which may
+    not), read bounded and recorded as an input of the run (`files.read_input`)."""
     from ..config import load_settings
+    from ..files import read_input
 
-    return load_settings(config.expanduser() if config else None, overrides, explicit=config is not None)
+    given = named(config, "--config", "an empty path; name a config file")
+    path = Path(given).expanduser() if config is not None else None
+
+    def reader(path: Path) -> bytes:
+        return read_input(path, "config file")
+
+    return load_settings(path, overrides, explicit=config is not None, reader=reader)
+
+
+def read_story(
+    story: str,
+    source_format: str | None,
+    cards: Sequence[Path] = (),
+    conversation: int | None = None,
+    bound: int | None = None,
+) -> Story:
+    """Read STORY as given ("-" is stdin; a stream is copied once, at most `bound` bytes) with
+    its cards; errors and the story's `path` name what the user gave, never a temp copy."""
+    from ..build import open_story
+    from ..files import as_regular_file
+
+    with as_regular_file(story, terminal().stdin, bound) as path:
+        told = open_story(path, source_format, cards, conversation)
+    return replace(told, path=Path("<stdin>" if story == "-" else story))
+
+
+def named(value: str | None, flag: str, empty: str) -> str:
+    """A file or a name as given on the command line; an empty one is a usage error."""
+    from ..errors import UsageError
+
+    if value == "":
+        raise UsageError(flag, None, empty)
+    return value or ""
+
+
+def card_paths(cards: Sequence[str] | None) -> tuple[Path, ...]:
+    return tuple(Path(named(card, "--card", "an empty path; name a card file")) for card in cards or ())
+
+
+def story_bound(size: str | None) -> int | None:
+    """`--max-story-size`: 2G, 512M, 64K or a number of bytes (binary units)."""
+    from ..errors import UsageError
+    from ..files import parse_size
+
+    if size is None:
+        return None
+    try:
+        return parse_size(size)
+    except ValueError:
+        expected = f"expected a size such as 4G, 512M or 1000000 (bytes), got {size!r}"
+        raise UsageError("--max-story-size", None, expected) from None

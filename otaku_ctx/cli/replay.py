@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from .options import AsJson, Request, StoryArg, prompt_options
-from .terminal import terminal, write_stdout
+from .terminal import write_stdout
 
 First = Annotated[int | None, typer.Option("--first", min=1, metavar="N", help="The first turn (message number).")]
 Last = Annotated[int | None, typer.Option("--last", min=1, metavar="M", help="The last turn (default: the end).")]
@@ -29,13 +29,10 @@ def replay_cmd(
 ) -> None:
     """Build STORY's prompt at every turn (turn n: messages 1..n and the scenes closed by then)
     and report how often the previous prompt, less its open turn, is a token prefix of the next."""
-    from ..build import open_story
-    from ..files import as_regular_file
     from ..replay import replay, report
 
     settings = request.settings()
-    with as_regular_file(request.story, terminal().stdin) as path:
-        told = open_story(path, request.source_format, request.cards, request.conversation)
+    told = request.read_story()
     result = replay(told, settings, emit=request.emit, first=first, last=last, every=every)
     if as_json:
         write_stdout(json.dumps(result.facts(), ensure_ascii=False, indent=2) + "\n")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -17,10 +16,15 @@ from .options import (
     Debug,
     Force,
     From,
+    MaxStorySize,
     Request,
     StoryArg,
+    card_paths,
+    named,
     prompt_options,
+    read_story,
     settings_from,
+    story_bound,
 )
 from .terminal import PipeClosed, show, stdout_of, terminal, write_stdout
 
@@ -51,7 +55,7 @@ def build_cmd(
         write_stdout(built.prompt + newline)
     else:
         try:
-            write_output(Path(output) if output else None, built.prompt, request.inputs(), stdout_of(io))
+            write_output(output, built.prompt, stdout_of(io))
         except BrokenPipeError:  # -o - or -o /dev/stdout into a closed pipe
             raise PipeClosed from None
     if io.stderr_tty:
@@ -85,6 +89,7 @@ def validate_cmd(
     source_format: From = None,
     conversation: Conversation = None,
     config: ConfigPath = None,
+    max_story_size: MaxStorySize = None,
     debug: Debug = False,
 ) -> None:
     """Report every problem of STORY at once; exit 1 when any is an error."""
@@ -92,7 +97,8 @@ def validate_cmd(
     from ..story.detect import check_story
 
     settings_from(config)  # a bad --config is reported like everywhere else
-    with as_regular_file(story, terminal().stdin) as path:
+    named(story, "STORY", "an empty path; name the story file, or - for stdin")
+    with as_regular_file(story, terminal().stdin, story_bound(max_story_size)) as path:
         kind, problems = check_story(path, source_format.value if source_format else None, conversation)
     shown = "<stdin>" if str(story) == "-" else str(story)
     for p in problems:
@@ -113,21 +119,23 @@ def convert_cmd(
     conversation: Conversation = None,
     force: Force = False,
     config: ConfigPath = None,
+    max_story_size: MaxStorySize = None,
     debug: Debug = False,
 ) -> None:
     """Write STORY (any readable format) as native JSONL, atomically."""
-    from ..build import native_text, open_story
+    from pathlib import Path
+
+    from ..build import native_text
     from ..errors import ConfigError
-    from ..files import as_regular_file, write_output
+    from ..files import write_output
 
     settings_from(config)
-    cards = list(card or [])
-    target = Path(output) if output else None
-    if target and output != "-" and target.is_file() and not force:
+    if output and output != "-" and Path(output).is_file() and not force:
         raise ConfigError(output, None, "already exists; pass --force to overwrite it")
-    with as_regular_file(story, terminal().stdin) as path:
-        converted = open_story(path, source_format.value if source_format else None, cards, conversation)
+    story = named(story, "STORY", "an empty path; name the story file, or - for stdin")
+    fmt = source_format.value if source_format else None
+    converted = read_story(story, fmt, card_paths(card), conversation, story_bound(max_story_size))
     for note in converted.notes:
         terminal().say(f"ctx: {note}")
-    write_output(target, native_text(converted), [story, *cards], stdout_of(terminal()))
+    write_output(output, native_text(converted), stdout_of(terminal()))
     terminal().say(f"wrote {output}: {len(converted)} messages, {len(converted.scenes)} scenes")

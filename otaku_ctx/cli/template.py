@@ -5,12 +5,13 @@ a template's raw output for given variables. The core is `build.template_variabl
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from .options import ConfigPath, Debug, Request, StoryArg, prompt_options
+from .options import ConfigPath, Debug, Request, StoryArg, named, prompt_options
 from .terminal import terminal, write_stdout
 
 template_app: typer.Typer = typer.Typer(no_args_is_help=True, help="Show a template's variables, or render a template.")
@@ -21,14 +22,12 @@ template_app: typer.Typer = typer.Typer(no_args_is_help=True, help="Show a templ
 def vars_cmd(request: Request, story: StoryArg) -> None:
     """Print, as JSON, the variables the template sees for STORY's prompt (the assembly
     `ctx build` chooses with the same options)."""
-    from ..build import open_story, template_variables
+    from ..build import template_variables
     from ..errors import ContextOverflow
-    from ..files import as_regular_file
     from ..report import refusal_message
 
     settings = request.settings()
-    with as_regular_file(request.story, terminal().stdin) as path:
-        told = open_story(path, request.source_format, request.cards, request.conversation)
+    told = request.read_story()
     for note in told.notes:
         terminal().say(f"ctx: {note}")
     built, variables = template_variables(told, settings)
@@ -43,7 +42,7 @@ def vars_cmd(request: Request, story: StoryArg) -> None:
 def render_cmd(
     template: Annotated[str, typer.Argument(metavar="NAME|FILE", help="A template: a name or a .hbs file.")],
     vars_file: Annotated[
-        Path,
+        str,
         typer.Option("--vars", metavar="FILE.json", help="The variables, a JSON object."),
     ],
     config: ConfigPath = None,
@@ -55,7 +54,8 @@ def render_cmd(
     from ..hbs import bound_for_window
     from ..render.lookup import load_template
 
-    variables = _read_vars(vars_file)
+    named(template, "TEMPLATE", "an empty name; name a template or a .hbs file")
+    variables = _read_vars(Path(named(vars_file, "--vars", "an empty path; name a JSON file of variables")))
     loaded = load_template(template)
     text = loaded.render_raw(variables, bound_for_window(0))
     newline = "\n" if terminal().stdout_tty and not text.endswith("\n") else ""
@@ -64,15 +64,13 @@ def render_cmd(
 
 def _read_vars(path: Path) -> dict[str, Any]:
     from ..errors import ConfigError
+    from ..files import read_input, utf8_text
     from ..story.jsonload import JSONProblem, loads
 
     where = str(path)
-    try:
-        text = path.expanduser().read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(where, None, "no such file (`ctx template vars STORY` writes one)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(where, None, f"cannot read the variables: {exc}") from None
+    if not os.path.lexists(path.expanduser()):
+        raise ConfigError(where, None, "no such file (`ctx template vars STORY` writes one)")
+    text = utf8_text(read_input(path.expanduser(), "variables file"), "variables file", path)
     try:
         data = loads(text)
     except JSONProblem as exc:

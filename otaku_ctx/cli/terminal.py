@@ -66,6 +66,16 @@ def terminal() -> Terminal:
 
 
 @contextmanager
+def serving(io: Terminal) -> Iterator[None]:
+    """Make `io` the terminal every command reads and writes while the block runs."""
+    token = _terminal.set(io)
+    try:
+        yield
+    finally:
+        _terminal.reset(token)
+
+
+@contextmanager
 def progress(io: Terminal) -> Iterator[Callable[[str], None]]:
     """A progress bar on stderr, for a person at a terminal, once the work has taken
     `io.progress_after` seconds; never on stdout, never into a pipe. Yields a function that

@@ -103,6 +103,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..files import read_input, utf8_text
 from ..hbs.blocks import Block
 from ..story.jsonload import JSONProblem, loads
 
@@ -233,7 +234,7 @@ def load_format(name_or_path: str, search_dirs: Sequence[Path]) -> Format:
         raise ConfigError(name_or_path, None, "expected a format name or a .toml/.json file")
     for folder in search_dirs:
         path = Path(folder) / f"{name_or_path}.toml"
-        if path.is_file():
+        if os.path.lexists(path):  # a device or a dangling link there is named, not passed over
             return read_format(path)
     known = ", ".join(format_names(search_dirs)) or "none"
     raise ConfigError(name_or_path, None, f"no such format (known: {known})")
@@ -243,7 +244,7 @@ def read_format(path: Path) -> Format:
     """Load a format TOML file; unknown keys and wrong types are errors."""
     source = str(path)
     try:
-        data = tomllib.loads(_read(path))
+        data = tomllib.loads(_read(path, "format file"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(source, None, f"not valid TOML: {exc}") from None
     for key in data:
@@ -272,7 +273,7 @@ def read_preset(path: Path) -> Format:
     """
     source = str(path)
     try:
-        data = loads(_read(path))
+        data = loads(_read(path, "instruct preset"))
     except JSONProblem as exc:
         raise ConfigError(source, None, f"not valid JSON (line {exc.line}): {exc.message}") from None
     if not isinstance(data, dict):
@@ -319,15 +320,10 @@ def _instruct_stops(fmt: Format, stop_sequence: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(("\n" if fmt.wrap else "") + line for line in lines))
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(str(path), None, "no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(str(path), None, "is a directory, not a format file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(str(path), None, "not UTF-8 text") from None
+def _read(path: Path, kind: str) -> str:
+    """A format file's text (`kind`: "format file" or "instruct preset"), bounded and recorded
+    as an input of the run (files.read_input)."""
+    return utf8_text(read_input(path, kind), kind, path)
 
 
 def _expect_str(source: str, key: str, value: Any) -> None:

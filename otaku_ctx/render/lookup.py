@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..files import read_input, utf8_text
 from ..hbs import Template, cached_template
 from ..locations import search_dirs, shipped, template_cache
 from .formats import Format, load_format
@@ -32,18 +34,13 @@ def load_template(name_or_path: str, dirs: Sequence[Path] | None = None) -> Prom
     # A file is anything that is there and not a folder: `--template <(...)` is a pipe.
     if not (name_or_path.endswith(".hbs") or (path.exists() and not path.is_dir())):
         dirs = search_dirs("templates") if dirs is None else dirs
-        found = [d / f"{name_or_path}.hbs" for d in dirs]
-        path = next((p for p in found if p.is_file()), found[-1] if found else path)
-        if not path.is_file():
+        found = [p for d in dirs if os.path.lexists(p := d / f"{name_or_path}.hbs")]
+        if not found:  # a name that is there but no file (a device, a dangling link) is read, and named
             names = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.hbs")})
             raise ConfigError(name_or_path, None, f"no template named {name_or_path!r}; known: {', '.join(names)}")
-    try:
-        with path.open(encoding="utf-8", newline="") as file:  # CRLF stays CRLF, as Handlebars.js reads it
-            source = file.read()
-    except FileNotFoundError:
-        raise ConfigError(str(path), None, "no such template file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(path), None, f"cannot read the template: {exc}") from None
+        path = found[0]
+    # CRLF stays CRLF and a byte-order mark stays, as Handlebars.js reads a template.
+    source = utf8_text(read_input(path, "template"), "template", path, drop_bom=False)
     return HandlebarsTemplate(compiled(source, str(path)))
 
 

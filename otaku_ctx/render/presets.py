@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, TemplateError
+from ..files import read_input, utf8_text
 from ..hbs import Template
 from ..hbs.blocks import Block
 from ..story.jsonload import JSONProblem, loads
@@ -153,12 +154,7 @@ def parse_context_preset(data: Any, source: str) -> ContextPreset:
 
 def read_context_preset(path: Path) -> ContextPreset:
     source = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(source, None, "no such template file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(source, None, f"cannot read the preset: {exc}") from None
+    text = utf8_text(read_input(path, "context preset"), "context preset", path)
     try:
         data = loads(text)
     except JSONProblem as exc:

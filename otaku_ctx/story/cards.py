@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoryError
-from ..files import reading
+from ..files import BOUNDS, read_input
 from .jsonload import JSONProblem, loads
 from .model import Card, Message, Story
 from .worldinfo import card_book_entries
@@ -36,7 +36,7 @@ TEXT_CHUNKS = (b"tEXt", b"zTXt", b"iTXt")
 SPECS = ("chara_card_v2", "chara_card_v3")
 # A card's JSON is kilobytes; a few megabytes with a lorebook. Past this it is damaged or
 # hostile (a 1 MB zTXt chunk can inflate to gigabytes), and reading stops with an error.
-CARD_LIMIT = 64 * 2**20
+CARD_LIMIT = BOUNDS["card"]
 
 # Tavern card key -> Card field.
 FIELDS = {
@@ -126,8 +126,7 @@ def _tags(path: Path | str, tags: Any) -> tuple[str, ...]:
 
 
 def _read_bytes(path: Path) -> bytes:
-    with reading(path, "card file"):
-        return path.read_bytes()
+    return read_input(path, "card")
 
 
 def _json_file(path: Path, data: bytes) -> Any:
