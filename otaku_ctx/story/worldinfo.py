@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StoryError
-from ..files import reading
+from ..files import read_input
 from .jsonload import JSONProblem, loads
 from .model import LORE_POSITIONS, LORE_ROLES, SELECTIVE_LOGICS, LoreEntry, LorePosition
 
@@ -191,8 +191,7 @@ WORLD_INFO_NAMES = {
 
 def read_world_info(path: Path) -> tuple[LoreEntry, ...]:
     """Every entry of a SillyTavern World Info file, in the file's order."""
-    with reading(path, "lorebook"):
-        data = path.read_bytes()
+    data = read_input(path, "lorebook")
     if len(data) > LOREBOOK_LIMIT:
         raise StoryError(path, None, f"is {len(data):,} bytes, more than any lorebook ({LOREBOOK_LIMIT // 2**20} MB)")
     if data.startswith(b"\x89PNG"):
