@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import stat
 import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields
@@ -306,9 +307,15 @@ def load_settings(
     sources: dict[str, str] = {}
     path = path or config_path()
     read: Path | None = None
-    if path.is_dir():
+    try:
+        mode: int | None = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None
+    except OSError as exc:  # a folder on the way the user cannot search
+        raise ConfigError(str(path), None, f"cannot be read: {exc.strerror or exc}") from None
+    if mode is not None and stat.S_ISDIR(mode):
         raise ConfigError(str(path), None, "is a directory; name the config file inside it")
-    if path.exists():  # a file, or a pipe: `--config <(...)`
+    if mode is not None:  # a file, or a pipe: `--config <(...)`
         _apply_file(path, _read_toml(path, reader), values, sources)
         read = path
     elif explicit:

@@ -309,7 +309,8 @@ def _stdin_chunks(stdin: BinaryIO, bound: int) -> Iterator[bytes]:
     if info is not None:
         _record(info, "<stdin>")
         if (stat.S_ISCHR(info.st_mode) and not stdin.isatty()) or stat.S_ISBLK(info.st_mode):
-            raise InputError("<stdin>", "is a device, not a story; give the story on stdin, or name its file")
+            what = _what_it_is(info.st_mode)
+            raise InputError("<stdin>", f"is {what}, not a story; pipe the story in, or name its file")
         if stat.S_ISREG(info.st_mode) and info.st_size - _offset(stdin) > bound:
             raise _too_big("story", "<stdin>", bound)
     total = 0
@@ -344,9 +345,9 @@ def write_atomic(path: Path | str, text: str) -> None:
     if not path.parent.is_dir():  # else the error would name the temp file
         raise OutputError(path.parent, "no such folder to write into")
     with contextlib.suppress(FileNotFoundError):
-        what = _what_it_is(path.stat().st_mode)
-        if what is not None:
-            raise OutputError(path, f"is {what}; it is never replaced by a file")
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):
+            raise OutputError(path, f"is {_what_it_is(mode) or 'a FIFO'}; it is never replaced by a file")
     import tempfile  # only a run that writes a file needs it (it imports random, 4 ms)
 
     mode = _mode_for(path)
