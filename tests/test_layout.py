@@ -27,16 +27,18 @@ STAGES: dict[str, set[str]] = {
     "locations": set(),
     "files": {"errors", "status"},
     "tokens": {"errors", "status"},
+    "backend": {"errors", "status"},  # the one HTTP client for the user's model server
     "story": {"errors", "status", "files"},
     "lore": {"story"},
     "assemble": {"story"},
     "config": {"errors", "status", "locations", "tokens", "lore", "assemble"},
     "hbs": {"errors", "status", "story"},  # story: the `Role` of a block, nothing else
     "render": FOUNDATION | {"story", "lore", "assemble", "config", "hbs"},
-    "build": FOUNDATION | {"story", "lore", "assemble", "config", "hbs", "render"},
+    "build": FOUNDATION | {"story", "lore", "assemble", "config", "hbs", "render", "backend"},
     "replay": FOUNDATION | {"story", "config", "hbs", "render", "build"},
     "report": FOUNDATION | {"story", "lore", "assemble", "render", "build"},
-    "cli": FOUNDATION | {"story", "lore", "assemble", "config", "hbs", "render", "build", "replay", "report", ""},
+    "cli": FOUNDATION
+    | {"story", "lore", "assemble", "config", "hbs", "render", "build", "replay", "report", "backend", ""},
     "__main__": {"status", "cli", ""},
     "": {"story", "lore", "assemble", "config", "hbs", "render", "build", "errors", "tokens"},  # the lazy public API
 }

@@ -1,0 +1,40 @@
+"""The user's model server: the one HTTP client (`Backend`), its typed errors, its retries.
+
+Nothing else in ctx opens a connection (STYLE.md, point 12): the summarizer and a server-backed
+token counter call `Backend` and never build a request themselves.
+"""
+
+from __future__ import annotations
+
+from .client import Backend, Reply
+from .failures import (
+    BackendError,
+    BadReply,
+    ContextTooLong,
+    FormatRefused,
+    KeyMissing,
+    ModelNotFound,
+    Refused,
+    ServerBusy,
+    ServerError,
+    TimedOut,
+    Unreachable,
+)
+from .transport import Retry
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BadReply",
+    "ContextTooLong",
+    "FormatRefused",
+    "KeyMissing",
+    "ModelNotFound",
+    "Refused",
+    "Reply",
+    "Retry",
+    "ServerBusy",
+    "ServerError",
+    "TimedOut",
+    "Unreachable",
+]

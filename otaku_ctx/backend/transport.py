@@ -1,0 +1,178 @@
+"""One HTTP request to the model server, with its timeouts and its retries: the only code that
+opens a connection. Only transport failures, 429 and 503 are retried (at most `Retry.attempts`
+times, honouring Retry-After, never waiting longer than `Retry.cap`); any other answer is
+returned as it came. No redirect is followed and no proxy used: a request goes to the host the
+user named and nowhere else."""
+
+from __future__ import annotations
+
+import email.utils
+import http.client
+import socket
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC
+from urllib.parse import SplitResult
+
+from .failures import BadReply, TimedOut, Unreachable
+
+#: the largest reply read; anything longer is not an answer to a chat request
+LIMIT = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How the transport retries: `attempts` retries after the first try, waiting `backoff`,
+    then twice that, and so on, or what Retry-After asks, never more than `cap` seconds."""
+
+    attempts: int = 3
+    backoff: float = 1.0
+    cap: float = 60.0
+    sleep: Callable[[float], None] = field(default=time.sleep, compare=False)
+
+    def wait(self, attempt: int, retry_after: float | None) -> float:
+        wanted = self.backoff * 2**attempt if retry_after is None else retry_after
+        return max(0.0, min(wanted, self.cap))
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A reply read whole. `headers` has lower-case names."""
+
+    status: int
+    reason: str
+    headers: Mapping[str, str]
+    body: bytes
+    retries: int
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Retry-After in seconds: a number of seconds, or an HTTP date (RFC 9110 §10.2.3)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+class _Lost(Exception):
+    """A transport failure worth another try: `why` says what happened, for the message."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+        super().__init__(why)
+
+
+class Transport:
+    """Requests to one server (scheme, host and port from the user's URL)."""
+
+    def __init__(
+        self, server: SplitResult, *, timeout: float, connect_timeout: float, headers: Mapping[str, str], retry: Retry
+    ) -> None:
+        if server.scheme not in ("http", "https") or not server.hostname:
+            raise ValueError(f"not an http:// or https:// URL: {server.geturl()!r}")
+        self.server = server
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.headers = dict(headers)
+        self.retry = retry
+
+    def url(self, path: str) -> str:
+        return f"{self.server.scheme}://{self.server.netloc}{path}"
+
+    def send(self, method: str, path: str, body: bytes | None = None) -> Answer:
+        """The server's answer to `method path`, after the retries; raises `Unreachable`,
+        `TimedOut` or `BadReply` when there is no answer to return."""
+        for attempt in range(self.retry.attempts + 1):
+            try:
+                answer = self._once(method, path, body, attempt)
+            except _Lost as lost:
+                if attempt == self.retry.attempts:
+                    tries = f" (after {attempt} retries)" if attempt else ""
+                    raise Unreachable(self.url(path), lost.why + tries) from None
+                self.retry.sleep(self.retry.wait(attempt, None))
+                continue
+            if answer.status not in (429, 503) or attempt == self.retry.attempts:
+                return answer
+            self.retry.sleep(self.retry.wait(attempt, retry_after(answer.headers.get("retry-after"))))
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    def _connection(self) -> http.client.HTTPConnection:
+        host, port = self.server.hostname or "", self.server.port
+        if self.server.scheme == "https":
+            return http.client.HTTPSConnection(
+                host, port, timeout=self.connect_timeout, context=ssl.create_default_context()
+            )
+        return http.client.HTTPConnection(host, port, timeout=self.connect_timeout)
+
+    def _once(self, method: str, path: str, body: bytes | None, attempt: int) -> Answer:
+        url = self.url(path)
+        connection = self._connection()
+        try:
+            try:
+                connection.connect()
+            except TimeoutError:
+                raise _Lost(f"no answer to the connection within {self.connect_timeout:g} s") from None
+            except ssl.SSLError as error:
+                raise Unreachable(
+                    url, f"TLS failed ({error.reason or error})", "check the URL's scheme and the certificate"
+                ) from None
+            except socket.gaierror:
+                raise _Lost(f"cannot resolve the host {self.server.hostname!r}") from None
+            except ConnectionRefusedError:
+                raise _Lost("connection refused") from None
+            except OSError as error:
+                raise _Lost(f"cannot connect ({error.strerror or error})") from None
+            if connection.sock is not None:
+                connection.sock.settimeout(self.timeout)
+            try:
+                headers = {**self.headers, "Content-Length": str(len(body or b""))}
+                connection.request(method, path, body=body, headers=headers)
+                response = connection.getresponse()
+                status, reason = response.status, response.reason
+                names = {name.lower(): value for name, value in response.getheaders()}
+                data = self._read(response, url)
+            except TimeoutError:
+                raise TimedOut(url, f"no reply within {self.timeout:g} s") from None
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                raise _Lost("the server closed the connection without a reply") from None
+            except http.client.HTTPException as error:
+                raise BadReply(url, f"not an HTTP reply ({type(error).__name__}: {error})") from None
+            except OSError as error:
+                raise _Lost(f"the connection failed ({error.strerror or error})") from None
+        finally:
+            connection.close()
+        return Answer(status, reason, names, data, attempt)
+
+    @staticmethod
+    def _read(response: http.client.HTTPResponse, url: str) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            while chunk := response.read(65536):
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > LIMIT:
+                    raise BadReply(url, f"a reply of over {LIMIT // (1024 * 1024)} MiB")
+        except http.client.IncompleteRead as cut:
+            got = size + len(cut.partial)
+            expected = f" of {got + cut.expected}" if cut.expected is not None else ""
+            raise BadReply(url, f"the reply was cut short ({got}{expected} bytes)") from None
+        if response.length:  # read(amt) ends quietly where a Content-Length body is cut short
+            raise BadReply(url, f"the reply was cut short ({size} of {size + response.length} bytes)")
+        return b"".join(chunks)
