@@ -17,7 +17,7 @@ from .config import Settings
 from .errors import ConfigError, UsageError
 from .hbs import bound_for_window
 from .hbs.blocks import Block
-from .lore import IDF_MESSAGES, MOST_REPLAY, MOST_SCAN_DEPTH, ChatLine, LoreChoice, choose
+from .lore import IDF_MESSAGES, MOST_REPLAY, MOST_SCAN_DEPTH, Character, ChatLine, LoreChoice, choose
 from .render.emit import EMITS, PromptRenderer, sections
 from .render.formats import Format, bind
 from .render.lookup import find_format, load_template
@@ -194,13 +194,33 @@ def _usage_if_unknown(settings: Settings, key: str, name: str) -> Iterator[None]
 
 
 def lore_entries(story: Story, settings: Settings) -> tuple[LoreEntry, ...]:
-    """Every World Info entry in play: the story's own lore lines, the `[lore] files` (or
-    `--lore`), and the lorebooks of the story's cards (bound to their characters)."""
+    """Every World Info entry in play: the story's own lore lines (SillyTavern's chat lore,
+    scanned first, unless bound to a character), the `[lore] files` (or `--lore`), and the
+    lorebooks of the story's cards (bound to their characters)."""
+    from dataclasses import replace
+
     from .story.worldinfo import read_world_info
 
+    own = tuple(e if e.character else replace(e, chat=True) for e in story.world)
     books = tuple(e for f in settings.lore.files for e in read_world_info(Path(f)))
     cards = [m.card for m in story.cards if m.card] + list(story.info.cast)
-    return story.world + books + tuple(e for card in cards for e in card.book)
+    return own + books + tuple(e for card in cards for e in card.book)
+
+
+def lore_character(story: Story, names: Names) -> Character | None:
+    """Who the prompt is for, as characterFilter sees it: `{{char}}`'s card, named by its
+    file's name without the last extension (SillyTavern's avatar name), else by the card's
+    name, with the card's tags; `{{char}}` with no card has no tags; no `{{char}}`, no one."""
+    if not names.char:
+        return None
+    cards = [m.card for m in story.cards if m.card] + list(story.info.cast)
+    card = next((c for c in cards if c.name == names.char), None)
+    if card is None:
+        return Character(names.char)
+    import re
+
+    stem = re.sub(r"\.[^/.]+$", "", card.avatar)  # SillyTavern's getCharaFilename
+    return Character(stem or card.name, card.tags)
 
 
 def chat_lines(story: Story, settings: Settings, names: Names) -> tuple[list[ChatLine], list[ChatLine], int]:
@@ -243,9 +263,11 @@ def choose_lore(prepared: Prepared, count: TokenCounter, limit: int) -> LoreChoi
     chat, scannable, turns = chat_lines(story, settings, names)
     first = next((m.content for m in story.messages if not m.is_card), "")
     seed = f"{story.info.title}\x1f{first}"
+    character = lore_character(story, names)
     return choose(
-        entries, chat, rules, fill=names.fill, count=count, limit=limit, seed=seed, scannable=scannable, turns=turns
-    )
+        entries, chat, rules, fill=names.fill, count=count, limit=limit, seed=seed, scannable=scannable, turns=turns,
+        character=character,
+    )  # fmt: skip
 
 
 def build(story: Story, settings: Settings, *, emit: str = "text", count: TokenCounter | None = None) -> Built:

@@ -17,11 +17,21 @@ class ChatLine:
     text: str
 
 
+@dataclass(frozen=True)
+class Character:
+    """The character the prompt is for, as `characterFilter` sees it: `name` stands for
+    SillyTavern's avatar file name without its extension (docs/lore.md), `tags` for its tags."""
+
+    name: str
+    tags: tuple[str, ...] = ()
+
+
 Reason = Literal[
-    "key", "recursion", "constant", "sticky",  # fired
-    "disabled", "no_keys", "no_match", "secondary", "delay", "cooldown", "delay_until_recursion",
-    "exclude_recursion", "group", "probability", "budget", "cap", "empty", "frame",
+    "key", "recursion", "constant", "sticky", "decorator",  # fired
+    "disabled", "character", "no_keys", "no_match", "secondary", "delay", "cooldown", "delay_until_recursion",
+    "exclude_recursion", "dont_activate", "group", "probability", "budget", "cap", "empty", "position", "frame",
 ]  # fmt: skip
+NOT_PLACED = ("budget", "cap", "frame", "empty", "position")  # fired, but not in the prompt
 
 
 @dataclass(frozen=True)
@@ -41,7 +51,7 @@ class LoreDecision:
 
     @property
     def placed(self) -> bool:
-        return self.fired and self.reason not in ("budget", "cap", "frame", "empty")
+        return self.fired and self.reason not in NOT_PLACED
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,7 @@ class LoreChoice:
         lowest first; the engine's own order is kept for equal orders)."""
         at: dict[LorePosition, list[LoreDecision]] = {}
         for d in sorted(self.placed, key=lambda d: d.entry.order):
-            at.setdefault(LorePosition(d.entry.position), []).append(d)
+            at.setdefault(LorePosition(d.entry.position), []).append(d)  # placed: a known position
         return at
 
     @property

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from ..story.worldinfo import regex_key
 from .choice import ChatLine, LoreDecision
 from .rules import IDF_MESSAGES
+
+# Past this many (key, message) pairs, document frequency is found through an index of the
+# messages' trigrams instead of testing every key on every message (same counts, bounded cost).
+DIRECT_PAIRS = 200_000
+GRAM = 3
 
 # ── The keyword engine's ranking (seed 000) ────────────────────────────────────────────────
 
@@ -19,32 +24,70 @@ def keyword_rank(
     """Score each activated entry: keyword hits in the window, its own name mentioned, the
     characters present co-occurring with it, a TF-IDF term score over the latest messages,
     recency of its last matching message, plus `order` / 100 as a flat bonus. Constant and
-    sticky entries come first."""
+    sticky entries come first.
+
+    Each distinct key is looked up in the window once, whatever number of entries hold it, and
+    its document frequency is counted once (through an index when there are many): the cost
+    grows with the window and the keys, not with entries × window."""
     recent = list(reversed(chat))[:window]
     texts = [m.text.lower() for m in recent]
     speakers = {m.speaker.lower() for m in recent if m.speaker}
     corpus = [m.text.lower() for m in list(reversed(chat))[:IDF_MESSAGES]]
-    frequency: dict[str, int] = {}  # document frequency, once per key
-    scored: list[LoreDecision] = []
+    window_stats: dict[str, tuple[int, int | None]] = {}  # key -> (term frequency, newest message holding it)
+    mentioned: dict[str, bool] = {}
+
+    def stat(k: str) -> tuple[int, int | None]:
+        if k not in window_stats:
+            newest = next((i for i, t in enumerate(texts) if k in t), None)
+            window_stats[k] = (sum(t.count(k) for t in texts) if newest is not None else 0, newest)
+        return window_stats[k]
+
+    keys_of: list[list[str]] = []
     for d in decisions:
         e = d.entry
-        keys = [fill(k).strip().lower() for k in (*e.key, *e.keysecondary) if regex_key(k) is None and k.strip()]
-        hits = sum(1 for k in keys if any(k in t for t in texts))
-        name = 1.0 if e.comment and any(e.comment.lower() in t for t in texts) else 0.0
+        keys_of.append(
+            [fill(k).strip().lower() for k in (*e.key, *e.keysecondary) if k.strip() and regex_key(k) is None]
+        )
+    frequency = document_frequency({k for keys in keys_of for k in keys if stat(k)[0]}, corpus)
+    scored: list[LoreDecision] = []
+    for d, keys in zip(decisions, keys_of, strict=True):
+        e = d.entry
+        hits = sum(1 for k in keys if stat(k)[1] is not None)
+        if e.comment and e.comment.lower() not in mentioned:
+            mentioned[e.comment.lower()] = any(e.comment.lower() in t for t in texts)
+        name = 1.0 if e.comment and mentioned[e.comment.lower()] else 0.0
         content = fill(e.content).lower()
         together = 0.5 * sum(1 for s in speakers if s in content) + (1.0 if e.character.lower() in speakers else 0.0)
         tfidf = 0.0
         for k in keys:
-            tf = sum(t.count(k) for t in texts)
+            tf = stat(k)[0]
             if tf:
-                if k not in frequency:
-                    frequency[k] = sum(1 for t in corpus if k in t)
-                df = frequency[k]
-                tfidf += math.log1p(tf) * (math.log((1 + len(corpus)) / (1 + df)) + 1)
-        ages = [i for i, t in enumerate(texts) if any(k in t for k in keys)]
-        recency = 1 / (1 + ages[0]) if ages else 0.0
+                tfidf += math.log1p(tf) * (math.log((1 + len(corpus)) / (1 + frequency[k])) + 1)
+        ages = [age for k in keys if (age := stat(k)[1]) is not None]
+        recency = 1 / (1 + min(ages)) if ages else 0.0
         score = hits + name + together + tfidf / 4 + recency + e.order / 100
-        if d.reason in ("constant", "sticky"):
+        if d.reason in ("constant", "sticky", "decorator"):
             score = math.inf
         scored.append(replace(d, score=round(score, 3) if math.isfinite(score) else None))
     return sorted(scored, key=lambda d: -(d.score if d.score is not None else math.inf))
+
+
+def document_frequency(keys: Iterable[str], corpus: Sequence[str]) -> dict[str, int]:
+    """How many messages of `corpus` hold each key (as a substring)."""
+    keys = set(keys)
+    if len(keys) * len(corpus) <= DIRECT_PAIRS:
+        return {k: sum(1 for t in corpus if k in t) for k in keys}
+    sizes = {min(GRAM, len(k)) for k in keys}
+    wanted = {k[i : i + n] for k in keys for n in (min(GRAM, len(k)),) for i in range(len(k) - n + 1)}
+    postings: dict[str, list[int]] = {}
+    for index, text in enumerate(corpus):
+        grams = {text[i : i + n] for n in sizes for i in range(len(text) - n + 1)} & wanted
+        for gram in grams:
+            postings.setdefault(gram, []).append(index)
+    counts: dict[str, int] = {}
+    for k in keys:
+        n = min(GRAM, len(k))
+        lists = [postings.get(k[i : i + n], []) for i in range(len(k) - n + 1)]
+        fewest = min(lists, key=len) if lists else range(len(corpus))
+        counts[k] = sum(1 for index in fewest if k in corpus[index])
+    return counts

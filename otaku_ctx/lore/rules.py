@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 Engine = Literal["keyword", "sillytavern"]
 ENGINES: tuple[str, ...] = ("keyword", "sillytavern")
-# A regex key gets this long per scan before it counts as no match: a pattern that
-# backtracks catastrophically on a long message cannot hang the build (docs/lore.md).
+Strategy = Literal["evenly", "character_first", "global_first"]
+STRATEGIES: tuple[str, ...] = ("evenly", "character_first", "global_first")  # world_info_character_strategy 0, 1, 2
+# Regex time is bounded per build, not per scan (docs/lore.md): a key that has run this long in
+# all its scans counts as no match from then on, and so does every key once all of them
+# together have run REGEX_TOTAL_SECONDS. A pattern that backtracks catastrophically on a long
+# message costs a build a fraction of a second, however many turns and passes scan it.
 REGEX_SECONDS = 0.25
+REGEX_TOTAL_SECONDS = 1.0
 # Timed effects replay at most this many turns back.
 MOST_REPLAY = 200
 # The keyword engine's TF-IDF looks at this many of the latest messages (the work grows with
@@ -35,12 +41,13 @@ class LoreRules:
     min_activations: int = 0
     min_activations_depth_max: int = 0
     group_scoring: bool = False
+    strategy: Strategy = "character_first"  # the order of character and world lore
     world_cap: int = 20
     character_cap: int = 15
 
     def budget_for(self, limit: int) -> int:
-        """SillyTavern's World Info budget: a share of the limit (at least 1), capped."""
-        budget = max(1, round(self.budget * max(limit, 0) / 100))
+        """SillyTavern's World Info budget: `Math.round(budget% × limit / 100) || 1`, capped."""
+        budget = math.floor(self.budget * max(limit, 0) / 100 + 0.5) or 1  # JavaScript rounds halves up
         return min(budget, self.budget_cap) if self.budget_cap > 0 else budget
 
 

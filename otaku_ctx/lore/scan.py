@@ -1,103 +1,47 @@
-"""One scan: SillyTavern's activation of World Info entries over the chat for one turn, with
-timed effects (sticky, cooldown, delay) replayed from the turns before it."""
+"""One scan: SillyTavern's activation of World Info entries for one turn (`checkWorldInfo`'s
+loop, world-info.js L3791-4124 at ba6f7b7a), with timed effects replayed from the turns before.
+
+The rules are SillyTavern's to the letter (docs/lore.md); the cost is not. SillyTavern tests
+every entry's keys against the whole scan text in every pass. Here a pass tests only the
+entries that can have changed: a key can newly match only in text the pass added (a deeper
+message, the content of the entries the last pass activated), so each pass looks up which keys
+that new text holds (`Keys.held`, through an index) and tests their entries, plus the few that
+must always be tested (regex keys, entries that lost a group or the budget last pass, entries a
+new recursion level lets in). A recursion chain of n entries then costs n small passes, not n
+passes over n entries, and a turn costs the messages it reads and the keys they hold.
+"""
 
 from __future__ import annotations
 
-import re
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from typing import Literal
 
 from ..story.model import SELECTIVE_LOGICS, LoreEntry
-from ..story.worldinfo import regex_key
-from .choice import ChatLine, LoreDecision, Reason
-from .rules import JOIN, MOST_SCAN_DEPTH, REGEX_SECONDS, LoreRules
+from .choice import Character, ChatLine, LoreDecision, Reason
+from .keys import Clock, Keys, Matcher, Pattern, Plain, pattern, plain, plain_at
+from .rules import JOIN, MOST_SCAN_DEPTH, LoreRules
 
-# ── Matching ───────────────────────────────────────────────────────────────────────────────
+Kind = Literal["initial", "recursion", "min_activations"]
+Where = tuple[str, object]  # ("message", ChatLine) | ("entry", uid) | ("text", None)
 
-
-class Buffer:
-    """The scan text: messages newest first, joined as SillyTavern joins them, plus the
-    recursion text; a match is traced back to its message (or the entry it came from)."""
-
-    def __init__(self, chat: Sequence[ChatLine], rules: LoreRules) -> None:
-        newest = list(reversed(chat))[:MOST_SCAN_DEPTH]
-        self.lines = newest
-        self.texts = [
-            (f"{m.speaker}: {m.text}" if rules.include_names and m.speaker else m.text).strip() for m in newest
-        ]
-        self.recursion: list[tuple[int | str, str]] = []
-        self.rules = rules
-        self._joined: dict[tuple[int, bool, bool], tuple[str, list[int], list[tuple[str, object]]]] = {}
-        self.timeouts: set[str] = set()
-
-    def add_recursion(self, uid: int | str, text: str) -> None:
-        self.recursion.append((uid, text))
-        self._joined.clear()
-
-    def joined(self, depth: int, lower: bool, recursion: bool) -> tuple[str, list[int], list[tuple[str, object]]]:
-        """(text, start offsets, origin of each piece) for the first `depth` messages."""
-        cache_key = (depth, lower, recursion)
-        if cache_key not in self._joined:
-            pieces: list[tuple[str, object]] = [("message", m) for m in self.lines[:depth]]
-            texts = self.texts[:depth]
-            if recursion:
-                pieces += [("entry", uid) for uid, _ in self.recursion]
-                texts = texts + [t for _, t in self.recursion]
-            starts, pos = [], 1
-            for t in texts:
-                starts.append(pos)
-                pos += len(t) + len(JOIN)
-            text = "\x01" + JOIN.join(texts)
-            self._joined[cache_key] = (text.lower() if lower else text, starts, pieces)
-        return self._joined[cache_key]
-
-    def find(self, key: str, entry: LoreEntry, depth: int, recursion: bool) -> tuple[str, object] | None:
-        """Where `key` first matches for `entry` (newest message first), or None."""
-        pattern = regex_key(key)
-        if pattern is not None:
-            text, starts, pieces = self.joined(depth, False, recursion)
-            try:
-                found = pattern.search(text, timeout=REGEX_SECONDS)
-            except TimeoutError:
-                self.timeouts.add(key)
-                return None
-            return _origin(found.start(), starts, pieces) if found else None
-        case = entry.case_sensitive if entry.case_sensitive is not None else self.rules.case_sensitive
-        whole = entry.match_whole_words if entry.match_whole_words is not None else self.rules.match_whole_words
-        text, starts, pieces = self.joined(depth, not case, recursion)
-        needle = key if case else key.lower()
-        if whole and len(needle.split()) == 1:
-            # SillyTavern's custom word boundary: any non-word character (JavaScript's \W is ASCII).
-            hit = re.search(rf"(?:^|\W)({re.escape(needle)})(?:$|\W)", text, re.ASCII)
-            return _origin(hit.start(1), starts, pieces) if hit else None
-        at = text.find(needle)
-        return _origin(at, starts, pieces) if at >= 0 else None
-
-
-def _origin(at: int, starts: list[int], pieces: list[tuple[str, object]]) -> tuple[str, object] | None:
-    index = bisect_right(starts, at) - 1
-    return pieces[max(index, 0)] if pieces else None
-
-
-# ── One scan (one turn) ────────────────────────────────────────────────────────────────────
+# ── Timed effects and rolls ────────────────────────────────────────────────────────────────
 
 
 @dataclass
 class Timed:
-    """Timed effects at one turn: entry uid-key -> (start, end, protected)."""
+    """Timed effects at one turn: entry identity -> (start, end)."""
 
     sticky: dict[tuple[str, int | str], tuple[int, int]] = field(default_factory=dict)
     cooldown: dict[tuple[str, int | str], tuple[int, int]] = field(default_factory=dict)
 
-    def advance(self, turn: int, entries: Sequence[LoreEntry]) -> None:
+    def advance(self, turn: int, entries: dict[tuple[str, int | str], LoreEntry]) -> None:
         """Drop effects whose time is up; a sticky that ends starts its entry's cooldown."""
-        by_key = {identity(e): e for e in entries}
         for ident, (_, end) in list(self.sticky.items()):
             if turn >= end:
                 del self.sticky[ident]
-                entry = by_key.get(ident)
+                entry = entries.get(ident)
                 if entry is not None and entry.cooldown:
                     self.cooldown[ident] = (turn, turn + entry.cooldown)
         for ident, (_, end) in list(self.cooldown.items()):
@@ -126,234 +70,587 @@ def dice(seed: str, *parts: object) -> float:
     return random.Random(digest).random()
 
 
-def in_scan_order(entries: Sequence[LoreEntry]) -> list[LoreEntry]:
-    """SillyTavern's "character first" order: character lore by `order` (highest first),
-    then world lore by `order`."""
-    return sorted((e for e in entries if e.character), key=lambda e: -e.order) + sorted(
-        (e for e in entries if not e.character), key=lambda e: -e.order
-    )
+def in_scan_order(entries: Sequence[LoreEntry], strategy: str = "character_first") -> list[LoreEntry]:
+    """SillyTavern's sorted entries (`getSortedEntries`): chat lore by `order` (highest first),
+    then character and world lore by the strategy — together (`evenly`), or one kind first."""
+
+    def by_order(kind: Sequence[LoreEntry]) -> list[LoreEntry]:
+        return sorted(kind, key=lambda e: -e.order)
+
+    chat = [e for e in entries if e.chat and not e.character]
+    character = [e for e in entries if e.character]
+    world = [e for e in entries if not e.chat and not e.character]
+    if strategy == "evenly":
+        rest = by_order([e for e in entries if e.character or not e.chat])
+    elif strategy == "global_first":
+        rest = by_order(world) + by_order(character)
+    else:
+        rest = by_order(character) + by_order(world)
+    return by_order(chat) + rest
 
 
-@dataclass
+# ── What every scan of a build shares ──────────────────────────────────────────────────────
+
+
+@dataclass(eq=False)
+class Item:
+    """One entry as the scans see it, worked out once per build."""
+
+    entry: LoreEntry
+    rank: int  # its place in the sorted entries
+    primary: tuple[tuple[str, int] | None, ...]  # (filled key, matcher); None: empty once filled
+    secondary: tuple[tuple[str, int] | None, ...]
+    allowed: bool  # its characterFilter lets it fire for this character
+    joined: bool  # a key is tested on the joined text (a regex, a newline in it, blank)
+    groups: tuple[str, ...]
+
+    @property
+    def ident(self) -> tuple[str, int | str]:
+        return identity(self.entry)
+
+
+def allowed_for(entry: LoreEntry, character: Character | None) -> bool:
+    """SillyTavern's characterFilter (L3801-3827): the names list, then the tags list, each
+    tested only when it is not empty. With no character, a name filter sees no name (include
+    fails, exclude passes) and a tag filter is skipped."""
+    if entry.character_names:
+        listed = character is not None and character.name in entry.character_names
+        if listed == entry.character_exclude:
+            return False
+    if entry.character_tags and character is not None:
+        wanted = {t.casefold() for t in entry.character_tags}
+        tagged = any(t.casefold() in wanted for t in character.tags)
+        if tagged == entry.character_exclude:
+            return False
+    return True
+
+
+class Book:
+    """The entries of a build in scan order, their keys as matchers, and what the scans of its
+    turns share: each message's and each content's keys, costs, the regex clock."""
+
+    def __init__(
+        self,
+        entries: Sequence[LoreEntry],
+        rules: LoreRules,
+        fill: Callable[[str], str],
+        cost: Callable[[LoreEntry], int],
+        character: Character | None,
+    ) -> None:
+        self.rules, self.fill, self.cost = rules, fill, cost
+        self.keys = Keys()
+        self.clock = Clock()
+        self.items: list[Item] = []
+        self.by_ident: dict[tuple[str, int | str], list[Item]] = {}
+        self.owners: dict[int, list[Item]] = {}  # matcher -> items with it as a primary key
+        self.second_owners: dict[int, list[Item]] = {}  # matcher -> items with it as a secondary key
+        for rank, e in enumerate(in_scan_order(entries, rules.strategy)):
+            sensitive = e.case_sensitive if e.case_sensitive is not None else rules.case_sensitive
+            whole = e.match_whole_words if e.match_whole_words is not None else rules.match_whole_words
+            primary = tuple(self._key(k, sensitive, whole) for k in e.key)
+            secondary = tuple(self._key(k, sensitive, whole) for k in e.keysecondary)
+            joined = any(k is not None and not self._piecewise(k[1]) for k in (*primary, *secondary))
+            groups = tuple(g for g in (name.strip() for name in _split_groups(e.group)) if g)
+            item = Item(e, rank, primary, secondary, allowed_for(e, character), joined, groups)
+            self.items.append(item)
+            self.by_ident.setdefault(item.ident, []).append(item)
+            for k in primary:
+                if k is not None:
+                    self.owners.setdefault(k[1], []).append(item)
+            for k in secondary:
+                if k is not None:
+                    self.second_owners.setdefault(k[1], []).append(item)
+        self.by_entry = {ident: items[0].entry for ident, items in self.by_ident.items()}
+        self.live = [it for it in self.items if it.entry.constant or "@@activate" in it.entry.decorators]
+        self.joined = [it for it in self.items if it.joined]
+        self.own_depth = [it for it in self.items if it.entry.scan_depth is not None and it.entry.key]
+        self.delayed = sorted((it for it in self.items if it.entry.delay_until_recursion), key=lambda it: it.rank)
+        self.levels = sorted({it.entry.delay_until_recursion for it in self.delayed})
+        self._message_keys: dict[tuple[int, str], frozenset[int]] = {}
+        self._content_keys: dict[int, frozenset[int]] = {}
+        self._contents: dict[int, str] = {}
+        self._raw: dict[tuple[str, bool, bool], Matcher] = {}
+
+    def _key(self, key: str, sensitive: bool, whole: bool) -> tuple[str, int] | None:
+        """A key as SillyTavern tests it: macros filled, skipped when that leaves it empty,
+        trimmed; a `/regex/` is decided on the key as written (names never make a pattern)."""
+        filled = self.fill(key)
+        if not filled:
+            return None
+        found = pattern(key.strip(), self.fill)
+        matcher: Matcher = found if found is not None else plain(filled.strip(), sensitive, whole)
+        return filled.strip(), self.keys.add(matcher)
+
+    def _piecewise(self, mid: int) -> bool:
+        m = self.keys.matchers[mid]
+        return isinstance(m, Plain) and m.piecewise and bool(m.needle)
+
+    def text_of(self, line: ChatLine) -> str:
+        """A message as the scan reads it: `Name: text` (with include_names), trimmed."""
+        return (f"{line.speaker}: {line.text}" if self.rules.include_names and line.speaker else line.text).strip()
+
+    def message_keys(self, line: ChatLine) -> frozenset[int]:
+        cache = (line.number, line.text)
+        found = self._message_keys.get(cache)
+        if found is None:
+            found = self._message_keys[cache] = self.keys.held(self.text_of(line))
+        return found
+
+    def content(self, item: Item) -> str:
+        text = self._contents.get(id(item))
+        if text is None:
+            text = self._contents[id(item)] = self.fill(item.entry.content)
+        return text
+
+    def content_keys(self, item: Item) -> frozenset[int]:
+        found = self._content_keys.get(id(item))
+        if found is None:
+            found = self._content_keys[id(item)] = self.keys.held(self.content(item))
+        return found
+
+    def raw(self, key: str, entry: LoreEntry) -> Matcher:
+        """A key as SillyTavern's group score tests it: as written, neither filled nor trimmed."""
+        sensitive = entry.case_sensitive if entry.case_sensitive is not None else self.rules.case_sensitive
+        whole = entry.match_whole_words if entry.match_whole_words is not None else self.rules.match_whole_words
+        cache = (key, sensitive, whole)
+        if cache not in self._raw:
+            found = pattern(key, lambda macro: macro)
+            self._raw[cache] = found if found is not None else plain(key, sensitive, whole)
+        return self._raw[cache]
+
+
+def _split_groups(group: str) -> list[str]:
+    import re  # SillyTavern splits on /,\s*/
+
+    return re.split(r",\s*", group) if group else []
+
+
+# ── One scan (one turn) ────────────────────────────────────────────────────────────────────
+
+
+@dataclass(eq=False)
+class Fired:
+    """An entry a pass activated, and what is decided about it."""
+
+    item: Item
+    decision: LoreDecision
+
+
 class Scan:
-    """One run of SillyTavern's scan loop for one turn."""
+    """One run of SillyTavern's scan loop for one turn. `record` keeps a decision for every
+    entry tested (the turn being built); a replayed turn only needs what was admitted."""
 
-    entries: list[LoreEntry]
-    chat: Sequence[ChatLine]
-    rules: LoreRules
-    fill: Callable[[str], str]
-    cost: Callable[[LoreEntry], int]
-    seed: str
-    turn: int
-    timed: Timed
-    budget: int
-    decisions: dict[int, LoreDecision] = field(default_factory=dict)
-    buffer: Buffer = field(init=False)
-    admitted: list[LoreEntry] = field(default_factory=list)
-    used: int = 0
+    def __init__(
+        self,
+        book: Book,
+        chat: Sequence[ChatLine],
+        seed: str,
+        turn: int,
+        timed: Timed,
+        budget: int,
+        *,
+        record: bool = True,
+        only: set[int] | None = None,
+    ) -> None:
+        self.book, self.rules, self.seed, self.turn, self.timed, self.budget = (
+            book, book.rules, seed, turn, timed, budget,
+        )  # fmt: skip
+        self.newest = list(reversed(chat[-MOST_SCAN_DEPTH:]))
+        self.record, self.only = record, only
+        self.decisions: dict[int, LoreDecision] = {}
+        self.admitted: list[Item] = []
+        self.used = 0
+        self.overflowed = False
+        self._activated: set[int] = set()
+        self._failed: set[int] = set()
+        self._retry: dict[int, Item] = {}  # fired, but lost its group or the budget: fires again later
+        self._opened = 0  # messages whose keys are in _first
+        self._first: dict[int, int] = {}  # matcher -> the newest message (0 = newest) holding it
+        self.recursion: list[str] = []  # SillyTavern's recursion buffer: one text per pass
+        self._recursion_items: list[list[Item]] = []
+        self._recursion_first: dict[int, int | str] = {}  # matcher -> the entry whose content holds it
+        self._joined: dict[tuple[int, int], tuple[str, str, list[int], list[object]]] = {}
+
+    # ── The loop ──
 
     def run(self) -> None:
         rules = self.rules
-        buffer = self.buffer = Buffer(self.chat, self.rules)
-        levels = sorted({e.delay_until_recursion for e in self.entries if e.delay_until_recursion})
+        levels = list(self.book.levels)
         level = levels.pop(0) if levels else 0
-        state, count, skew, overflowed = "initial", 0, 0, False
-        failed: set[int] = set()
-        while state:
+        kind: Kind | None = "initial"
+        count, skew, carried = 0, 0, 0
+        last: tuple[Kind, int, int, int] | None = None  # the pass before: kind, depth, recursion texts, level
+        window = 0  # the depth of the last pass without recursion text
+        while kind:
             if rules.max_recursion_steps and rules.max_recursion_steps <= count:
                 break
             count += 1
-            found = [d for e in self.entries if (d := self.check(e, state, level, skew, failed)) is not None]
-            rank = self.rank
-            found.sort(key=lambda d: (0 if self.is_sticky(d.entry) else 1, rank[id(d.entry)]))
-            found = self.groups(found, buffer, state, skew)
-            successful: list[LoreDecision] = []
-            for d in found:
-                if not self.probable(d):
-                    failed.add(id(d.entry))
+            depth = rules.scan_depth + skew
+            candidates = self.candidates(kind, depth, level, last, window)
+            last = (kind, depth, len(self.recursion), level)
+            if kind != "recursion":
+                window = depth
+            found = [Fired(it, d) for it in candidates if (d := self.check(it, kind, level, skew)) is not None]
+            found.sort(key=lambda f: (0 if f.item.ident in self.timed.sticky else 1, f.item.rank))
+            found = self.groups(found, kind, skew)
+            new = 0
+            for i, f in enumerate(found):
+                if not self.probable(f):
+                    self._failed.add(id(f.item))
+                    self._retry.pop(id(f.item), None)
                     continue
-                successful.append(d)
-                if self.rules.engine == "sillytavern" and not overflowed:
-                    tokens = self.cost(d.entry)
-                    if self.used + tokens >= self.budget:
-                        overflowed = True
-                        self.decisions[id(d.entry)] = replace(d, reason="budget", tokens=tokens)
-                        continue
-                    self.used += tokens
-                    self.admit(replace(d, tokens=tokens))
-                elif self.rules.engine == "sillytavern":
-                    self.decisions[id(d.entry)] = replace(d, reason="budget", tokens=self.cost(d.entry))
-                else:
-                    self.admit(d)
-            for_recursion = [d for d in successful if not d.entry.prevent_recursion and d.placed]
-            state = ""
-            if rules.recursive and not overflowed and for_recursion:
-                state = "recursion"
-            minimum = rules.min_activations > 0 and len(self.admitted) < rules.min_activations
-            if not state and not overflowed and minimum:
-                depth = rules.scan_depth + skew
-                over = (rules.min_activations_depth_max > 0 and depth > rules.min_activations_depth_max) or depth > len(
-                    self.chat
-                )
+                if rules.engine == "sillytavern":
+                    new += self.book.cost(f.item.entry)
+                    if carried + new >= self.budget:  # the entry that reaches the budget ends the pass
+                        self.overflowed = True
+                        for late in found[i:]:
+                            if id(late.item) not in self._failed:
+                                self.keep(
+                                    late.item,
+                                    replace(late.decision, reason="budget", tokens=self.book.cost(late.item.entry)),
+                                )
+                                self._retry[id(late.item)] = late.item
+                        break
+                    f.decision = replace(f.decision, tokens=self.book.cost(f.item.entry))
+                self.admit(f)
+            # Every entry of the pass that did not fail its roll, admitted or not (SillyTavern's
+            # successfulNewEntries): its content is the next pass's recursion text.
+            for_recursion = [
+                f.item for f in found if id(f.item) not in self._failed and not f.item.entry.prevent_recursion
+            ]
+            following: Kind | None = None
+            if rules.recursive and not self.overflowed and for_recursion:
+                following = "recursion"
+            if rules.recursive and not self.overflowed and kind == "min_activations" and self.recursion:
+                following = "recursion"
+            short = rules.min_activations > 0 and len(self.admitted) < rules.min_activations
+            if not following and not self.overflowed and short:
+                reach = rules.scan_depth + skew
+                over = 0 < rules.min_activations_depth_max < reach or reach > self.turn
                 if not over:
-                    state, skew = "min_activations", skew + 1
-            if not state and levels:
-                state, level = "recursion", levels.pop(0)
-            if state:
-                for d in for_recursion:
-                    buffer.add_recursion(d.entry.uid, self.fill(d.entry.content))
+                    following, skew = "min_activations", skew + 1
+            if not following and levels:
+                following, level = "recursion", levels.pop(0)
+            kind = following
+            if kind:
+                self.add_recursion(for_recursion)
+                carried += sum(self.book.cost(it.entry) for it in for_recursion)
 
-    @cached_property
-    def rank(self) -> dict[int, int]:
-        """Each entry's place in the sorted entries (compared by identity: entries are data)."""
-        return {id(e): i for i, e in enumerate(self.entries)}
+    def candidates(
+        self, kind: Kind, depth: int, level: int, last: tuple[Kind, int, int, int] | None, window: int
+    ) -> list[Item]:
+        """The entries this pass must test, in scan order: those holding a key the text new to
+        this pass holds, and those that must always be tested."""
+        book = self.book
+        chosen: dict[int, Item] = {}
 
-    def admit(self, d: LoreDecision) -> None:
-        self.decisions[id(d.entry)] = d
-        self.admitted.append(d.entry)
+        def take(items: Sequence[Item]) -> None:
+            for it in items:
+                chosen[id(it)] = it
 
-    def is_sticky(self, entry: LoreEntry) -> bool:
-        return identity(entry) in self.timed.sticky
+        take(book.joined)
+        take(list(self._retry.values()))
+        if last is None:  # the first pass: the window's keys, and what fires without keys
+            self.open(depth)
+            for mid, at in self._first.items():
+                if at < depth:
+                    take(book.owners.get(mid, ()))
+            take(book.live)
+            take(book.own_depth)
+            for ident in self.timed.sticky:
+                take(book.by_ident.get(ident, ()))
+        elif kind == "min_activations":  # one message deeper, without the recursion text
+            self.open(depth)
+            for at in range(window, min(depth, len(self.newest))):
+                for mid in book.message_keys(self.newest[at]):
+                    take(book.owners.get(mid, ()))
+                    take(book.second_owners.get(mid, ()))
+        else:
+            start = 0 if last[0] == "min_activations" else last[2]
+            for piece in self._recursion_items[start:]:
+                for it in piece:
+                    for mid in book.content_keys(it):
+                        take(book.owners.get(mid, ()))
+                        take(book.second_owners.get(mid, ()))
+            for it in book.delayed:  # a recursion level lets these in
+                delay = it.entry.delay_until_recursion
+                if delay <= level and (last[0] != "recursion" or delay > last[3]):
+                    chosen[id(it)] = it
+        skip = self._activated | self._failed
+        picked = [it for key, it in chosen.items() if key not in skip]
+        if self.only is not None:
+            picked = [it for it in picked if id(it) in self.only]
+        return sorted(picked, key=lambda it: it.rank)
 
-    def check(self, e: LoreEntry, state: str, level: int, skew: int, failed: set[int]) -> LoreDecision | None:
-        """Whether `e` activates in this pass: a decision with fired=True, or None (and the
-        reason it did not is kept)."""
-        if id(e) in failed or (id(e) in self.decisions and self.decisions[id(e)].fired):
-            return None
+    # ── One entry ──
 
-        def no(reason: Reason, detail: str = "") -> LoreDecision | None:
-            """Record why `e` does not fire; the pass gets None."""
-            self.decisions[id(e)] = LoreDecision(e, False, reason, detail=detail)
-            return None
-
-        sticky = self.is_sticky(e)
+    def check(self, it: Item, kind: Kind, level: int, skew: int) -> LoreDecision | None:
+        """Whether the entry activates in this pass (a decision with fired=True) or not (None;
+        the reason is kept when recording). SillyTavern's order of checks."""
+        e = it.entry
+        sticky = it.ident in self.timed.sticky
         if e.disable:
-            return no("disabled")
+            return self.no(it, "disabled")
+        if not it.allowed:
+            return self.no(it, "character")
         if e.delay and self.turn < e.delay:
-            return no("delay", f"until message {e.delay}")
-        if identity(e) in self.timed.cooldown and not sticky:
-            return no("cooldown", f"until turn {self.timed.cooldown[identity(e)][1]}")
-        if state != "recursion" and e.delay_until_recursion and not sticky:
-            return no("delay_until_recursion")
-        if state == "recursion" and e.delay_until_recursion > level and not sticky:
-            return no("delay_until_recursion", f"level {e.delay_until_recursion}")
-        if state == "recursion" and self.rules.recursive and e.exclude_recursion and not sticky:
+            return self.no(it, "delay", f"until message {e.delay}")
+        if it.ident in self.timed.cooldown and not sticky:
+            return self.no(it, "cooldown", f"until turn {self.timed.cooldown[it.ident][1]}")
+        if kind != "recursion" and e.delay_until_recursion and not sticky:
+            return self.no(it, "delay_until_recursion")
+        if kind == "recursion" and e.delay_until_recursion > level and not sticky:
+            return self.no(it, "delay_until_recursion", f"level {e.delay_until_recursion}")
+        if kind == "recursion" and self.rules.recursive and e.exclude_recursion and not sticky:
             return None  # keeps the reason of the passes before
+        if "@@activate" in e.decorators:
+            return LoreDecision(e, True, "decorator", detail="@@activate")
+        if "@@dont_activate" in e.decorators:
+            return self.no(it, "dont_activate")
         if e.constant:
             return LoreDecision(e, True, "constant")
         if sticky:
             return LoreDecision(e, True, "sticky")
         if not e.key:
-            return no("no_keys")
-        depth = min(e.scan_depth if e.scan_depth is not None else self.rules.scan_depth + skew, MOST_SCAN_DEPTH)
-        recursion = state != "min_activations"
+            return self.no(it, "no_keys")
+        depth = self.depth(it, skew)
+        recursion = kind != "min_activations"
         primary = None
-        for key in e.key:
-            key = self.fill(key).strip()
-            where = self.buffer.find(key, e, depth, recursion) if key else None
-            if where is not None:
-                primary = (key, where)
+        for k in it.primary:
+            if k is not None and (where := self.where(k[1], depth, recursion)) is not None:
+                primary = (k[0], where)
                 break
         if primary is None:
-            return no("no_match")
+            return self.no(it, "no_match")
         fired = self.fired_by(e, *primary)
         if not (e.selective and e.keysecondary):
             return fired
         logic = SELECTIVE_LOGICS[e.selective_logic]
-        hits = [
-            self.buffer.find(k, e, depth, recursion) is not None for k in map(str.strip, map(self.fill, e.keysecondary))
-        ]
-        ok = {
-            "AND_ANY": any(hits),
-            "NOT_ALL": not all(hits),
-            "NOT_ANY": not any(hits),
-            "AND_ALL": all(hits),
-        }[logic]
-        if not ok:
-            return no("secondary", logic)
-        return replace(fired, detail=logic)
+        if self.secondary(it, logic, depth, recursion):
+            return replace(fired, detail=logic)
+        return self.no(it, "secondary", logic)
 
-    def fired_by(self, e: LoreEntry, key: str, where: tuple[str, object]) -> LoreDecision:
+    def secondary(self, it: Item, logic: str, depth: int, recursion: bool) -> bool:
+        """SillyTavern's `matchSecondaryKeys`: AND_ANY stops at the first key found, NOT_ALL at
+        the first missing; NOT_ANY and AND_ALL look at every key."""
+        any_hit, all_hit = False, True
+        for k in it.secondary:
+            hit = k is not None and self.where(k[1], depth, recursion) is not None
+            any_hit, all_hit = any_hit or hit, all_hit and hit
+            if (logic == "AND_ANY" and hit) or (logic == "NOT_ALL" and not hit):
+                return True
+        return (logic == "NOT_ANY" and not any_hit) or (logic == "AND_ALL" and all_hit)
+
+    def depth(self, it: Item, skew: int) -> int:
+        own = it.entry.scan_depth
+        return min(own if own is not None else self.rules.scan_depth + skew, MOST_SCAN_DEPTH)
+
+    def no(self, it: Item, reason: Reason, detail: str = "") -> LoreDecision | None:
+        """Record why the entry does not fire (when recording); the pass gets None."""
+        if self.record:
+            self.decisions[id(it)] = LoreDecision(it.entry, False, reason, detail=detail)
+        return None
+
+    def fired_by(self, e: LoreEntry, key: str, where: Where) -> LoreDecision:
         kind, origin = where
         if kind == "message" and isinstance(origin, ChatLine):
             return LoreDecision(e, True, "key", key=key, message=origin.number, speaker=origin.speaker or None)
-        return LoreDecision(e, True, "recursion", key=key, by=origin if isinstance(origin, int | str) else None)
+        if kind == "entry" and isinstance(origin, int | str):
+            return LoreDecision(e, True, "recursion", key=key, by=origin)
+        return LoreDecision(e, True, "key", key=key)
 
-    def probable(self, d: LoreDecision) -> bool:
-        e = d.entry
-        if not e.use_probability or e.probability >= 100 or self.is_sticky(e):
+    # ── Matching ──
+
+    def open(self, depth: int) -> None:
+        """Note the keys of the newest `depth` messages (the newest message holding each)."""
+        book, first = self.book, self._first
+        while self._opened < min(depth, len(self.newest)):
+            for mid in book.message_keys(self.newest[self._opened]):
+                first.setdefault(mid, self._opened)
+            self._opened += 1
+
+    def where(self, mid: int, depth: int, recursion: bool) -> Where | None:
+        """Where key `mid` first matches the text of an entry scanning `depth` messages (with
+        the recursion text unless it is a min-activations pass), or None. Depth 0 scans an
+        empty text, recursion text included (SillyTavern's `WorldInfoBuffer.get`)."""
+        m = self.book.keys.matchers[mid]
+        if isinstance(m, Plain) and m.piecewise and m.needle:
+            if depth <= 0:
+                return None
+            self.open(depth)
+            at = self._first.get(mid)
+            if at is not None and at < depth:
+                return ("message", self.newest[at])
+            if recursion and mid in self._recursion_first:
+                return ("entry", self._recursion_first[mid])
+            return None
+        text, lowered, starts, origins = self.joined(depth, recursion)
+        if isinstance(m, Plain):
+            found = plain_at(text if m.sensitive else lowered, m.needle, m.whole)
+            at = found if found >= 0 else None
+        else:
+            at = self.book.clock.search(m, text)
+        return None if at is None else self.origin(at, starts, origins)
+
+    def joined(self, depth: int, recursion: bool) -> tuple[str, str, list[int], list[object]]:
+        """The scan text as SillyTavern builds it: "\\x01" + the newest `depth` messages joined
+        by "\\n\\x01", then the recursion texts; with where each piece starts and what it is."""
+        depth = min(depth, MOST_SCAN_DEPTH)
+        cache = (depth, len(self.recursion) if recursion else -1)
+        if cache not in self._joined:
+            if depth <= 0:
+                self._joined[cache] = ("", "", [], [])
+                return self._joined[cache]
+            lines = self.newest[:depth]
+            pieces: list[str] = [self.book.text_of(m) for m in lines]
+            starts: list[int] = []
+            origins: list[object] = list(lines)
+            pos = 1
+            for text in pieces:
+                starts.append(pos)
+                pos += len(text) + len(JOIN)
+            if recursion:
+                for items, text in zip(self._recursion_items, self.recursion, strict=True):
+                    at = pos
+                    for it in items:  # one text per pass: its contents joined by newlines
+                        starts.append(at)
+                        origins.append(it.entry.uid)
+                        at += len(self.book.content(it)) + 1
+                    pieces.append(text)
+                    pos += len(text) + len(JOIN)
+            text = "\x01" + JOIN.join(pieces)
+            self._joined[cache] = (text, text.lower(), starts, origins)
+        return self._joined[cache]
+
+    @staticmethod
+    def origin(at: int, starts: list[int], origins: list[object]) -> Where:
+        index = bisect_right(starts, at) - 1
+        origin = origins[max(index, 0)] if origins else None
+        if isinstance(origin, ChatLine):
+            return ("message", origin)
+        return ("entry", origin) if isinstance(origin, int | str) else ("text", None)
+
+    def add_recursion(self, items: list[Item]) -> None:
+        """SillyTavern's `addRecurse`: one text per pass, the contents joined by newlines."""
+        self.recursion.append("\n".join(self.book.content(it) for it in items))
+        self._recursion_items.append(items)
+        for it in items:
+            for mid in self.book.content_keys(it):
+                self._recursion_first.setdefault(mid, it.entry.uid)
+
+    # ── What the pass activated ──
+
+    def keep(self, it: Item, d: LoreDecision) -> None:
+        if self.record:
+            self.decisions[id(it)] = d
+
+    def admit(self, f: Fired) -> None:
+        self._activated.add(id(f.item))
+        self._retry.pop(id(f.item), None)
+        self.admitted.append(f.item)
+        self.decisions[id(f.item)] = f.decision
+        if self.rules.engine == "sillytavern":
+            self.used += f.decision.tokens
+
+    def probable(self, f: Fired) -> bool:
+        e = f.item.entry
+        if not e.use_probability or e.probability == 100 or f.item.ident in self.timed.sticky:
             return True
         roll = dice(self.seed, "probability", e.source, e.uid, self.turn) * 100
         if roll <= e.probability:
             return True
-        self.decisions[id(e)] = replace(
-            d, fired=False, reason="probability", detail=f"rolled {roll:.0f} > {e.probability:g}"
+        self.keep(
+            f.item,
+            replace(f.decision, fired=False, reason="probability", detail=f"rolled {roll:.0f} > {e.probability:g}"),
         )
         return False
 
-    def groups(self, found: list[LoreDecision], buffer: Buffer, state: str, skew: int) -> list[LoreDecision]:
-        """Inclusion groups: one member of each group stays (SillyTavern's rules, seeded rolls)."""
-        grouped: dict[str, list[LoreDecision]] = {}
-        for d in found:
-            for name in (g.strip() for g in re.split(r",\s*", d.entry.group) if g.strip()):
-                grouped.setdefault(name, []).append(d)
+    def groups(self, found: list[Fired], kind: Kind, skew: int) -> list[Fired]:
+        """SillyTavern's `filterByInclusionGroups`: of each group's members this pass activated,
+        a sticky member wins (members on cooldown or delay are dropped), group scoring drops the
+        members with fewer key hits, a group with an admitted member keeps none, then the
+        `groupOverride` member with the highest order wins, else a weighted roll. Each group's
+        member list is the one it started with (scoring aside), as in SillyTavern."""
+        grouped: dict[str, list[Fired]] = {}
+        for f in found:
+            for name in f.item.groups:
+                grouped.setdefault(name, []).append(f)
         if not grouped:
             return found
-        alive = {id(d) for d in found}  # by identity: decisions are data, compared field by field
+        alive = {id(f) for f in found}
+        sticky = self.timed.sticky
 
-        def lose(d: LoreDecision, winner: LoreDecision | None) -> None:
-            if id(d) in alive:
-                alive.discard(id(d))
-                by = winner.entry.uid if winner else None
-                self.decisions[id(d.entry)] = replace(d, fired=False, reason="group", by=by, detail=d.entry.group)
+        def lose(f: Fired, winner: Fired | None) -> None:
+            if id(f) in alive:
+                alive.discard(id(f))
+                self._retry[id(f.item)] = f.item
+                by = winner.item.entry.uid if winner else None
+                self.keep(f.item, replace(f.decision, fired=False, reason="group", by=by, detail=f.item.entry.group))
 
+        has_sticky: dict[str, bool] = {}
         for name, group in grouped.items():
-            live = [d for d in group if id(d) in alive]
-            sticky = [d for d in live if self.is_sticky(d.entry)]
-            if sticky:
-                for d in live:
-                    if not self.is_sticky(d.entry):
-                        lose(d, sticky[0])
+            stuck = [f for f in group if f.item.ident in sticky]
+            has_sticky[name] = bool(stuck)
+            for f in group:
+                if stuck and f.item.ident not in sticky:
+                    lose(f, stuck[0])
+            for f in group:
+                e = f.item.entry
+                if f.item.ident in self.timed.cooldown or (e.delay and self.turn < e.delay):
+                    lose(f, None)
+        for name, group in grouped.items():
+            if has_sticky[name] or not (self.rules.group_scoring or any(f.item.entry.use_group_scoring for f in group)):
                 continue
-            if any(name in re.split(r",\s*", a.group) for a in self.admitted):
-                for d in live:
-                    lose(d, None)
+            scores = [self.score(f.item.entry, kind, skew) for f in group]
+            best = max(scores)
+            for f, s in list(zip(group, scores, strict=True)):
+                own = f.item.entry.use_group_scoring
+                if (own if own is not None else self.rules.group_scoring) and s < best:
+                    lose(f, None)
+                    group.remove(f)
+        for name, group in grouped.items():
+            if has_sticky[name]:
                 continue
-            if self.rules.group_scoring or any(d.entry.use_group_scoring for d in live):
-                scores = [self.score(d.entry, state, skew) for d in live]
-                best = max(scores)
-                leader = live[scores.index(best)]
-                for d, s in zip(live, scores, strict=True):
-                    scored = d.entry.use_group_scoring
-                    if (scored if scored is not None else self.rules.group_scoring) and s < best:
-                        lose(d, leader)
-                live = [d for d in live if id(d) in alive]
-            if len(live) <= 1:
+            if any(a.entry.group == name for a in self.admitted):  # SillyTavern compares the whole text
+                for f in group:
+                    lose(f, None)
                 continue
-            prio = sorted((d for d in live if d.entry.group_override), key=lambda d: -d.entry.order)
-            if prio:
-                winner = prio[0]
-            else:
-                total = sum(d.entry.group_weight for d in live)
-                roll, acc, winner = dice(self.seed, "group", name, self.turn) * total, 0.0, live[-1]
-                for d in live:
-                    acc += d.entry.group_weight
+            if len(group) <= 1:
+                continue
+            prios = sorted((f for f in group if f.item.entry.group_override), key=lambda f: -f.item.entry.order)
+            winner: Fired | None = prios[0] if prios else None
+            if winner is None:
+                total = sum(f.item.entry.group_weight for f in group)
+                roll, acc = dice(self.seed, "group", name, self.turn) * total, 0.0
+                for f in group:
+                    acc += f.item.entry.group_weight
                     if roll <= acc:
-                        winner = d
+                        winner = f
                         break
-            for d in live:
-                if d is not winner:
-                    lose(d, winner)
-        return [d for d in found if id(d) in alive]
+                if winner is None:
+                    continue
+            for f in group:
+                if f is not winner:
+                    lose(f, winner)
+        return [f for f in found if id(f) in alive]
 
-    def score(self, e: LoreEntry, state: str, skew: int) -> int:
-        """SillyTavern's group score: keys found (secondary ones by the positive logics)."""
-        depth = e.scan_depth if e.scan_depth is not None else self.rules.scan_depth + skew
-        recursion = state != "min_activations"
-        primary = sum(self.buffer.find(self.fill(k).strip(), e, depth, recursion) is not None for k in e.key)
-        secondary = sum(self.buffer.find(self.fill(k).strip(), e, depth, recursion) is not None for k in e.keysecondary)
+    def score(self, e: LoreEntry, kind: Kind, skew: int) -> int:
+        """SillyTavern's group score (`getScore`): the keys found, as written (not filled or
+        trimmed), the secondary ones counted by the positive logics only."""
+        own = e.scan_depth
+        depth = min(own if own is not None else self.rules.scan_depth + skew, MOST_SCAN_DEPTH)
+        text, lowered, _, _ = self.joined(depth, kind != "min_activations")
+
+        def hit(key: str) -> bool:
+            m = self.book.raw(key, e)
+            if isinstance(m, Pattern):
+                return self.book.clock.search(m, text) is not None
+            return plain_at(text if m.sensitive else lowered, m.needle, m.whole) >= 0
+
         if not e.key:
             return 0
+        primary = sum(hit(k) for k in e.key)
+        secondary = sum(hit(k) for k in e.keysecondary)
         logic = SELECTIVE_LOGICS[e.selective_logic]
         if e.keysecondary and logic == "AND_ANY":
             return primary + secondary

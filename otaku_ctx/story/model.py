@@ -28,6 +28,7 @@ class Card:
     tags: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()  # other names the story calls the character by (lore keys)
     book: tuple[LoreEntry, ...] = ()  # the card's lorebook (`character_book`), its entries bound to it
+    avatar: str = ""  # the card's file name, when read from one: SillyTavern's avatar (characterFilter)
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class LoreEntry:
     selective: bool = True
     selective_logic: int = 0  # index into SELECTIVE_LOGICS
     order: int = 100
-    position: LorePosition = LorePosition.BEFORE
+    position: int = LorePosition.BEFORE  # a LorePosition; another number is read and placed nowhere
     depth: int = 4
     role: int = 0  # index into LORE_ROLES
     scan_depth: int | None = None
@@ -136,14 +137,32 @@ class LoreEntry:
     sticky: int = 0
     cooldown: int = 0
     delay: int = 0
+    decorators: tuple[str, ...] = ()  # the `@@` lines its content started with (`@@activate`, …)
+    # characterFilter: for which characters the entry may fire (their card file's stem), and tags
+    character_names: tuple[str, ...] = ()
+    character_tags: tuple[str, ...] = ()
+    character_exclude: bool = False  # the lists name who it must not fire for
     source: str = ""  # the lorebook's file name, or the story's own
     character: str = ""  # the character whose card holds it (character lore); "" = world lore
+    chat: bool = False  # the story's own lore (SillyTavern's chat lore): scanned before the rest
     line: int | None = None  # the story line it came from, for native lore lines
+    # What the reader met that SillyTavern reads its own way, as (kind, what): ("regex", key) a
+    # `/regex/` that does not compile (a plain-text key), ("text_keys", field) keys given as one
+    # text (no keys), ("position", n) a position 1.12 does not place. `ctx` says so once.
+    problems: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     @property
     def name(self) -> str:
         """What users call the entry: its comment (title), else its first key, else its uid."""
-        return self.comment or (self.key[0] if self.key else str(self.uid))
+        return self.comment or next((k for k in self.key if k.strip()), str(self.uid))
+
+    @property
+    def character_filter(self) -> dict[str, object] | None:
+        """`characterFilter` as World Info writes it, or None when the entry has none."""
+        if not (self.character_names or self.character_tags or self.character_exclude):
+            return None
+        names, tags = list(self.character_names), list(self.character_tags)
+        return {"isExclude": self.character_exclude, "names": names, "tags": tags}
 
 
 @dataclass(frozen=True)

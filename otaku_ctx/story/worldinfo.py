@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,20 +27,100 @@ if TYPE_CHECKING:
 _REGEX_KEY = re.compile(r"^/([\w\W]+?)/([gimsuy]*)$")
 
 
-def regex_key(key: str) -> regex.Pattern[str] | None:
-    """A `/pattern/flags` key as a pattern (JavaScript's flags i, m, s; g and y mean nothing
-    here), or None for a plain key. Raises `regex.error` for a bad pattern."""
+def regex_parts(key: str) -> tuple[str, str] | None:
+    """A `/pattern/flags` key as (the pattern for Python's `regex`, the flags), or None for a
+    plain key — SillyTavern's `parseRegexFromString` before it compiles: the pattern may hold
+    no unescaped `/`, and its first `\\/` is unescaped. Whether it compiles is `regex_key`'s
+    question."""
     match = _REGEX_KEY.match(key)
     if not match or re.search(r"(^|[^\\])/", match.group(1)):
         return None
+    return _python_pattern(match.group(1).replace("\\/", "/", 1), "u" in match.group(2)), match.group(2)
+
+
+def _python_pattern(source: str, unicode: bool) -> str:
+    """A JavaScript pattern in the `regex` package's syntax, for the constructs that differ
+    and that lorebooks use: `\\k<name>`, `[^]` (any character), `[]` (nothing), and `\\p`
+    outside `u` mode (a plain `p` there)."""
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(source):
+        c = source[i]
+        if c == "\\" and i + 1 < len(source):
+            after = source[i + 1]
+            end = source.find(">", i + 3) if source.startswith("k<", i + 1) and not in_class else -1
+            if end > 0:
+                out.append(f"(?P={source[i + 3 : end]})")
+                i = end + 1
+                continue
+            out.append(after if after in "pP" and not unicode else source[i : i + 2])
+            i += 2
+            continue
+        if not in_class and source.startswith("[^]", i):
+            out.append(r"[\s\S]")
+            i += 3
+            continue
+        if not in_class and source.startswith("[]", i):
+            out.append("(?!)")
+            i += 2
+            continue
+        in_class = (in_class and c != "]") or (not in_class and c == "[")
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+@lru_cache(maxsize=4096)
+def regex_key(key: str) -> regex.Pattern[str] | None:
+    """A `/pattern/flags` key compiled (flags i, m, s; g means nothing to a test and y anchors
+    the match at the start), or None: a plain key, or one that does not compile — SillyTavern
+    reads that as plain text, and so does ctx (the reader notes it)."""
+    parts = regex_parts(key)
+    if parts is None:
+        return None
     import regex  # only a lorebook with regex keys needs it
 
-    pattern, letters = match.group(1).replace("\\/", "/", 1), match.group(2)
+    pattern, letters = parts
     flags = regex.V0
     flags |= regex.IGNORECASE if "i" in letters else 0
     flags |= regex.MULTILINE if "m" in letters else 0
     flags |= regex.DOTALL if "s" in letters else 0
-    return regex.compile(pattern, flags)
+    try:
+        return regex.compile(pattern, flags)
+    except regex.error:
+        return None
+
+
+def malformed_regex(key: str) -> bool:
+    """Whether `key` is written as a `/regex/` but does not compile (read as plain text)."""
+    return _REGEX_KEY.match(key) is not None and regex_key(key) is None
+
+
+KNOWN_DECORATORS = ("@@activate", "@@dont_activate")
+
+
+def parse_decorators(content: str) -> tuple[tuple[str, ...], str]:
+    """(decorators, content without them): SillyTavern's `parseDecorators`. Only content that
+    starts with `@@` has any; its leading `@@` lines are read (a known decorator is kept whole,
+    `@@@x` after an unknown one counts as `@@x`, other `@@` lines are dropped) and the content
+    starts at the first other line. Content made only of `@@` lines is kept as it is."""
+    if not content.startswith("@@"):
+        return (), content
+    decorators: list[str] = []
+    fallback = False
+    lines = content.split("\n")
+    for i, line in enumerate(lines):
+        if not line.startswith("@@"):
+            return tuple(decorators), "\n".join(lines[i:])
+        if line.startswith("@@@") and not fallback:
+            continue
+        bare = line[1:] if line.startswith("@@@") else line
+        if bare.startswith(KNOWN_DECORATORS):
+            decorators.append(bare)
+            fallback = False
+        else:
+            fallback = True
+    return tuple(decorators), content
 
 
 # A lorebook is kilobytes to a few megabytes; past this it is not one.
@@ -47,6 +128,9 @@ LOREBOOK_LIMIT = 64 * 2**20
 # The deepest an entry may scan or be placed (SillyTavern's MAX_SCAN_DEPTH).
 MOST_DEPTH = 1000
 MOST_STEPS = 10_000  # sticky, cooldown, delay: turns
+# SillyTavern 1.12 places positions 0-6; a later one's positions (7, an outlet) are read, fire and
+# count in the budget, and are placed nowhere, as 1.12 does with them.
+MOST_POSITION = 99
 
 
 class _Fields:
@@ -54,6 +138,7 @@ class _Fields:
 
     def __init__(self, path: Path | str, uid: object, obj: dict[str, Any], line: int | None = None) -> None:
         self.path, self.uid, self.obj, self.line = path, uid, obj, line
+        self.problems: list[tuple[str, str]] = []  # what SillyTavern reads its own way (LoreEntry.problems)
 
     def wrong(self, name: str, expected: str) -> StoryError:
         value = self.obj.get(name)
@@ -61,26 +146,55 @@ class _Fields:
         return StoryError(self.path, self.line, f'lore entry {self.uid}: "{name}" must be {expected}, not {shown}')
 
     def keys(self, name: str) -> tuple[str, ...]:
-        """A list of text, or one comma-separated text (as the editor stores it)."""
+        """A list of text, as SillyTavern keeps it (blank items too: they never match). One text
+        instead of a list is read as SillyTavern reads it — no keys — and noted; a `/regex/`
+        that does not compile is a plain-text key, as in SillyTavern, and noted."""
         value = self.obj.get(name)
         if value is None:
             return ()
         if isinstance(value, str):
-            return tuple(k.strip() for k in value.split(",") if k.strip())
+            self.problems.append(("text_keys", name))
+            return ()
         if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
-            raise self.wrong(name, "a list of text or one comma-separated text")
-        for key in value:
-            import regex  # a lorebook is being read: its /pattern/ keys are checked here
+            raise self.wrong(name, "a list of text")
+        self.problems.extend(("regex", key) for key in value if malformed_regex(key.strip()))
+        return tuple(value)
 
-            try:
-                regex_key(key)
-            except regex.error as exc:
+    def character_filter(self) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
+        """`characterFilter`: {"names": [...], "tags": [...], "isExclude": bool}, each part optional."""
+        value = self.obj.get("characterFilter")
+        if value is None:
+            return (), (), False
+        if not isinstance(value, dict):
+            raise self.wrong("characterFilter", 'an object with "names", "tags" and "isExclude"')
+        lists: list[tuple[str, ...]] = []
+        for part in ("names", "tags"):
+            items = value.get(part) or []
+            if not isinstance(items, list) or not all(isinstance(x, str | int) and x is not True for x in items):
                 raise StoryError(
-                    self.path,
-                    self.line,
-                    f'lore entry {self.uid}: "{name}" holds an invalid regular expression {key!r}: {exc}',
-                ) from None
-        return tuple(k for k in value if k.strip())
+                    self.path, self.line, f'lore entry {self.uid}: "characterFilter.{part}" must be a list of text'
+                )
+            lists.append(tuple(str(x) for x in items))
+        exclude = value.get("isExclude", False)
+        if not isinstance(exclude, bool):
+            raise StoryError(
+                self.path, self.line, f'lore entry {self.uid}: "characterFilter.isExclude" must be true or false'
+            )
+        return lists[0], lists[1], exclude
+
+    def content(self) -> tuple[tuple[str, ...], str]:
+        """(decorators, content): the decorators are read from the content as it is in the file
+        (before its line ends are made plain), or from `decorators` in a lore line ctx wrote."""
+        raw = self.obj.get("content")
+        if raw is not None and not isinstance(raw, str):
+            raise self.wrong("content", "text")
+        given = self.obj.get("decorators")
+        if given is not None:
+            if not isinstance(given, list) or not all(isinstance(d, str) for d in given):
+                raise self.wrong("decorators", "a list of text")
+            return tuple(given), (raw or "").replace("\r\n", "\n")
+        decorators, content = parse_decorators(raw or "")
+        return decorators, content.replace("\r\n", "\n")
 
     def text(self, name: str) -> str:
         value = self.obj.get(name)
@@ -137,12 +251,14 @@ def entry_from_world_info(
     f = _Fields(path, obj.get("uid", uid), obj, line)
     if isinstance(f.uid, bool) or not isinstance(f.uid, int | str):
         raise f.wrong("uid", "a number or text")
-    position = f.whole("position", 0, 0, 6)
-    if position not in LORE_POSITIONS:  # pragma: no cover - whole() bounds it
-        raise f.wrong("position", "0 to 6")
+    position = f.whole("position", 0, 0, MOST_POSITION)
+    if position not in LORE_POSITIONS:
+        f.problems.append(("position", str(position)))
+    names, tags, exclude = f.character_filter()
+    decorators, content = f.content()
     return LoreEntry(
         uid=f.uid,
-        content=f.text("content"),
+        content=content,
         key=f.keys("key"),
         keysecondary=f.keys("keysecondary"),
         comment=f.text("comment"),
@@ -151,7 +267,7 @@ def entry_from_world_info(
         selective=f.flag("selective", True),
         selective_logic=f.whole("selectiveLogic", 0, 0, len(SELECTIVE_LOGICS) - 1),
         order=f.whole("order", 100, -MOST_STEPS * 100, MOST_STEPS * 100),
-        position=LorePosition(position),
+        position=LorePosition(position) if position in LORE_POSITIONS else position,
         depth=f.whole("depth", 4),
         role=f.whole("role", 0, 0, len(LORE_ROLES) - 1),
         scan_depth=f.maybe_whole("scanDepth"),
@@ -169,9 +285,14 @@ def entry_from_world_info(
         sticky=f.maybe_whole("sticky", MOST_STEPS) or 0,
         cooldown=f.maybe_whole("cooldown", MOST_STEPS) or 0,
         delay=f.maybe_whole("delay", MOST_STEPS) or 0,
+        decorators=decorators,
+        character_names=names,
+        character_tags=tags,
+        character_exclude=exclude,
         source=source,
         character=character,
         line=line,
+        problems=tuple(f.problems),
     )
 
 
@@ -185,12 +306,12 @@ WORLD_INFO_NAMES = {
     "delay_until_recursion": "delayUntilRecursion", "probability": "probability", "use_probability": "useProbability",
     "group": "group", "group_override": "groupOverride", "group_weight": "groupWeight",
     "use_group_scoring": "useGroupScoring", "sticky": "sticky", "cooldown": "cooldown", "delay": "delay",
-    "source": "source", "character": "character",
+    "character_filter": "characterFilter", "decorators": "decorators", "source": "source", "character": "character",
 }  # fmt: skip
 
 
 def read_world_info(path: Path) -> tuple[LoreEntry, ...]:
-    """Every entry of a SillyTavern World Info file, in the file's order."""
+    """Every entry of a SillyTavern World Info file, in the order SillyTavern walks them."""
     data = read_input(path, "lorebook")
     if len(data) > LOREBOOK_LIMIT:
         raise StoryError(path, None, f"is {len(data):,} bytes, more than any lorebook ({LOREBOOK_LIMIT // 2**20} MB)")
@@ -210,12 +331,20 @@ def world_info_entries(path: Path | str, obj: Any, source: str) -> tuple[LoreEnt
         raise StoryError(path, None, "is a character card, not a lorebook; --card takes it (its lorebook is read)")
     entries = obj.get("entries") if isinstance(obj, dict) else None
     if isinstance(entries, dict):
-        items: Iterable[tuple[object, Any]] = entries.items()
+        items: Iterable[tuple[object, Any]] = sorted(entries.items(), key=lambda kv: _javascript_key_order(kv[0]))
     elif isinstance(entries, list):
         items = enumerate(entries)
     else:
         raise StoryError(path, None, 'is not a World Info file: expected {"entries": {"<uid>": {...}}}')
     return tuple(entry_from_world_info(path, uid, e, source) for uid, e in items)
+
+
+def _javascript_key_order(key: object) -> tuple[int, int]:
+    """Where a key stands among an object's keys in JavaScript (which SillyTavern's scan walks
+    its entries in): array-index keys ("0", "12", not "01") first, by number, then the rest."""
+    if isinstance(key, str) and key.isascii() and key.isdigit() and str(int(key)) == key and int(key) < 2**32 - 1:
+        return (0, int(key))
+    return (1, 0)
 
 
 def card_book_entries(path: Path | str, book: Any, character: str) -> tuple[LoreEntry, ...]:
