@@ -71,9 +71,10 @@ _run: ContextVar[Run | None] = ContextVar("otaku_ctx_run", default=None)
 @contextlib.contextmanager
 def one_run() -> Iterator[Run]:
     """Record every input read inside this block (the CLI opens one per command)."""
-    token = _run.set(Run())
+    run = Run()
+    token = _run.set(run)
     try:
-        yield _run.get()  # type: ignore[misc]
+        yield run
     finally:
         _run.reset(token)
 
@@ -218,16 +219,17 @@ def read_input(path: Path | str, kind: str, bound: int | None = None) -> bytes:
     bound = BOUNDS[kind] if bound is None else bound
     with _opened(path, kind, bound) as (descriptor, info):
         data = b"".join(_chunks(descriptor, info, path, kind, bound))
-    refuse_utf16(kind, path, data)
+    refuse_utf16(path, data)
     return data
 
 
-def refuse_utf16(kind: str, path: Path | str, head: bytes) -> None:
+def refuse_utf16(path: Path | str, head: bytes) -> None:
+    """Text is UTF-8: a file that opens with a UTF-16 (or UTF-32) byte-order mark is refused."""
     if head.startswith(_UTF16_BOMS):
         raise InputError(path, "is UTF-16 text; save it as UTF-8")
 
 
-def utf8_text(data: bytes, kind: str, path: Path | str, *, drop_bom: bool = True) -> str:
+def utf8_text(data: bytes, path: Path | str, *, drop_bom: bool = True) -> str:
     """Bytes read by `read_input` as text, a UTF-8 byte-order mark dropped (as every JSON
     reader drops it) unless told; bytes that are not UTF-8 are an error naming the first."""
     try:
@@ -294,7 +296,7 @@ def _copied(shown: Path, chunks: Iterator[bytes]) -> Iterator[Path]:
 def _refuse_binary(shown: Path, head: bytes) -> None:
     """A story is text: a stream that opens with UTF-16 or NUL bytes is refused before it is
     copied (a PNG goes on, for the reader's own words about it)."""
-    refuse_utf16("story", shown, head)
+    refuse_utf16(shown, head)
     if b"\0" in head[: 64 * KiB] and not head.startswith(PNG_SIGNATURE):
         raise InputError(shown, "holds NUL bytes: it is binary data, not a story")
 
@@ -389,14 +391,6 @@ def _mode_for(path: Path) -> int:
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
-
-
-def same_file(a: Path, b: Path) -> bool:
-    """Whether two paths name one file (through symlinks and hard links)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def write_output(target: str | Path | None, text: str, stdout: BinaryIO) -> None:

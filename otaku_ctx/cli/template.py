@@ -70,7 +70,7 @@ def _read_vars(path: Path) -> dict[str, Any]:
     where = str(path)
     if not os.path.lexists(path.expanduser()):
         raise ConfigError(where, None, "no such file (`ctx template vars STORY` writes one)")
-    text = utf8_text(read_input(path.expanduser(), "variables file"), "variables file", path)
+    text = utf8_text(read_input(path.expanduser(), "variables file"), path)
     try:
         data = loads(text)
     except JSONProblem as exc:

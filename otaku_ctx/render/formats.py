@@ -323,7 +323,7 @@ def _instruct_stops(fmt: Format, stop_sequence: str) -> tuple[str, ...]:
 def _read(path: Path, kind: str) -> str:
     """A format file's text (`kind`: "format file" or "instruct preset"), bounded and recorded
     as an input of the run (files.read_input)."""
-    return utf8_text(read_input(path, kind), kind, path)
+    return utf8_text(read_input(path, kind), path)
 
 
 def _expect_str(source: str, key: str, value: Any) -> None:

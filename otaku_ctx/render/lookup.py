@@ -40,7 +40,7 @@ def load_template(name_or_path: str, dirs: Sequence[Path] | None = None) -> Prom
             raise ConfigError(name_or_path, None, f"no template named {name_or_path!r}; known: {', '.join(names)}")
         path = found[0]
     # CRLF stays CRLF and a byte-order mark stays, as Handlebars.js reads a template.
-    source = utf8_text(read_input(path, "template"), "template", path, drop_bom=False)
+    source = utf8_text(read_input(path, "template"), path, drop_bom=False)
     return HandlebarsTemplate(compiled(source, str(path)))
 
 

@@ -154,7 +154,7 @@ def parse_context_preset(data: Any, source: str) -> ContextPreset:
 
 def read_context_preset(path: Path) -> ContextPreset:
     source = str(path)
-    text = utf8_text(read_input(path, "context preset"), "context preset", path)
+    text = utf8_text(read_input(path, "context preset"), path)
     try:
         data = loads(text)
     except JSONProblem as exc:

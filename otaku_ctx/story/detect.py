@@ -88,7 +88,7 @@ def detect_format(path: Path | str) -> str:
     """The name of the reader for this file, judged by its content; StoryError if none fits."""
     path = Path(path)
     head = _head(path)
-    refuse_utf16("story", path, head)
+    refuse_utf16(path, head)
     if head.startswith(PNG_SIGNATURE):
         raise StoryError(path, None, f"is a PNG image (a character card is read as a card, not a story); {EXPECTED}")
     text = head.decode("utf-8", errors="replace").removeprefix("\ufeff")
