@@ -334,6 +334,20 @@ def test_validate_reports_every_problem_at_once(capsys, tmp_path):
     assert any("unknown record type 'widget'" in line for line in lines)
 
 
+def test_validate_lists_the_first_hundred_problems_and_counts_the_rest(capsys, tmp_path):
+    """300,000 overlapping scenes once printed 299,999 lines; a person reads the first ones."""
+    scenes = [json.dumps({"type": "scene", "id": i, "start": 1, "end": 20}) for i in range(1, 3002)]
+    path = write_jsonl(tmp_path / "s.jsonl", [GOOD] * 30 + scenes)
+    code, out, err = run(capsys, "validate", path)
+    lines = err.strip().splitlines()
+    assert (code, out, len(lines)) == (1, "", 101)
+    assert all(": error: scene " in line and " overlaps scene " in line for line in lines[:100])
+    assert lines[100] == (
+        f"{path}: … and 2,900 more problems (2,900 of them errors); 3,000 errors and 0 warnings in all: "
+        "mend the first ones and run it again"
+    )
+
+
 def test_validate_gap_is_a_warning(capsys, tmp_path):
     s = story(40, [(1, 10), (15, 20)])
     path = write_jsonl(tmp_path / "s.jsonl", to_records(s))

@@ -84,6 +84,11 @@ def inspect_cmd(
         raise typer.Exit(ExitStatus.REFUSED)
 
 
+# `ctx validate` lists this many problems, then counts the rest: a file with 300,000
+# overlapping scenes once printed 299,999 lines.
+MOST_PROBLEMS_SHOWN = 100
+
+
 def validate_cmd(
     story: StoryArg,
     source_format: From = None,
@@ -101,11 +106,21 @@ def validate_cmd(
     with as_regular_file(story, terminal().stdin, story_bound(max_story_size)) as path:
         kind, problems = check_story(path, source_format.value if source_format else None, conversation)
     shown = "<stdin>" if str(story) == "-" else str(story)
-    for p in problems:
+    for p in problems[:MOST_PROBLEMS_SHOWN]:
         terminal().say(
             f"{shown}:{p.line}: {p.severity}: {p.message}" if p.line else f"{shown}: {p.severity}: {p.message}"
         )
-    if any(p.severity == "error" for p in problems):
+    errors = sum(p.severity == "error" for p in problems)
+    if len(problems) > MOST_PROBLEMS_SHOWN:
+        rest, rest_errors = (
+            len(problems) - MOST_PROBLEMS_SHOWN,
+            errors - sum(p.severity == "error" for p in problems[:MOST_PROBLEMS_SHOWN]),
+        )
+        terminal().say(
+            f"{shown}: … and {rest:,} more problems ({rest_errors:,} of them errors); "
+            f"{errors:,} errors and {len(problems) - errors:,} warnings in all: mend the first ones and run it again"
+        )
+    if errors:
         raise typer.Exit(ExitStatus.ERROR)
     warnings = f" ({len(problems)} warning{'s' * (len(problems) != 1)})" if problems else ""
     terminal().say(f"{shown}: ok, {kind}{warnings}")
