@@ -62,7 +62,7 @@ def test_a_converted_chat_builds_the_same_prompts(chat: str, persona: str | None
     differ = []
     for template, format in itertools.product(TEMPLATES, FORMATS):
         given = {"prompt.template": (template, "--template"), "prompt.format": (format, "--format")}
-        given |= {"model.window": (16_384, "--window")}
+        given |= {"model.window": (40_000 if chat == "otaku" else 16_384, "--window")}
         if persona:
             given["prompt.user"] = (persona, "--user")
         settings = load_settings(None, given)
