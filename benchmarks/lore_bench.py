@@ -1,25 +1,38 @@
-"""Benchmark: `ctx build` with a 500-entry lorebook against the same build without lore.
+"""Benchmark: `ctx build` with a 500-entry lorebook against the same build without lore, and
+lore's worst cases (issue 20).
 
     python benchmarks/lore_bench.py                      # 100k messages, 500 entries, 5 runs
     python benchmarks/lore_bench.py --sizes 10000 --entries 500 --engine sillytavern
+    python benchmarks/lore_bench.py --worst              # each worst case, median of 5 runs
+    python benchmarks/lore_bench.py --worst --only chain-1000 --code /tmp/old --runs 1 --timeout 300
 
 The story comes from storygen.py; the lorebook is generated from the same vocabulary, so
 many entries fire: keys from its places, things and people (one in five with secondary
 keys, one in ten a regex, one in ten sticky or on cooldown, a few constant, a few
 grouped). Each build is timed as a whole process; the medians and their ratio are printed
 (issue 10: the ratio must stay ≤ 1.5).
+
+`--worst` builds what issue 20 measured, each as a whole `ctx build` process: a regex key
+that backtracks catastrophically on every message plus one sticky entry (so 200 turns are
+replayed), recursion chains of 1,000 and 3,000 entries (each entry's content names the
+next one's key), 5,000 entries plus one sticky entry (both engines), and the keyword engine
+ranking 20,000 and 40,000 entries all mentioned in its window. Each must stay under 5 s.
+`--code DIR` runs another checkout's `otaku_ctx` (e.g. `git archive` of an older commit),
+`--timeout` stops a run that takes longer and prints it as "> N s".
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,13 +69,118 @@ def lorebook(entries: int, seed: int = 11) -> dict[str, object]:
     return {"entries": book}
 
 
-def median_seconds(argv: list[str], runs: int) -> float:
+def median_seconds(
+    argv: list[str], runs: int, env: dict[str, str] | None = None, timeout: float | None = None
+) -> float:
+    """The median wall time of `runs` runs; infinity when a run takes longer than `timeout`."""
     times = []
     for _ in range(runs):
         start = time.perf_counter()
-        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+        try:
+            subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=env, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return float("inf")
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+# ── Issue 20's worst cases ────────────────────────────────────────────────────────────────
+
+Case = tuple[list[dict[str, object]], dict[str, object], str]  # story records, lorebook, config
+
+
+def message(i: int, content: str) -> dict[str, object]:
+    return {"role": "user" if i % 2 else "assistant", "name": "Mara" if i % 2 else "Ilya", "content": content}
+
+
+def regex_sticky() -> Case:
+    """A regex key that backtracks catastrophically on every message, and one sticky entry:
+    the sticky replay scans 200 earlier turns, each in several passes."""
+    story = [message(i, f"The tide turns. {'a' * 40}! The bell rings {i}.") for i in range(1, 401)]
+    book = {
+        "0": {"uid": 0, "key": ["/(a|aa)+$/"], "content": "Backtracking."},
+        "1": {"uid": 1, "key": ["bell"], "content": "The bell is sticky.", "sticky": 5},
+    }
+    return story, {"entries": book}, '[lore]\nengine = "sillytavern"\n'
+
+
+def chain(n: int) -> Case:
+    """n entries, each one's content naming the next one's key: n recursion passes."""
+    story = [message(i, f"Line {i} of the story.") for i in range(1, 10)] + [message(10, "We follow link0.")]
+    book = {str(i): {"uid": i, "key": [f"link{i}"], "content": f"Link {i} leads on to link{i + 1}."} for i in range(n)}
+    return story, {"entries": book}, '[lore]\nengine = "sillytavern"\nbudget = 100\n'
+
+
+def sticky_book(n: int, engine: str) -> Case:
+    """n generated entries (many fire on every turn) and one sticky entry: 200 turns replayed."""
+    book = lorebook(n)
+    entries = book["entries"]
+    assert isinstance(entries, dict)
+    for entry in entries.values():  # only the one sticky entry has a timed effect
+        entry.pop("sticky", None)
+        entry.pop("cooldown", None)
+    entries[str(n)] = {"uid": n, "key": ["bell"], "content": "The bell is sticky.", "sticky": 50}
+    return storygen.records(1000), book, f'[lore]\nengine = "{engine}"\n'
+
+
+def mentioned(n: int) -> Case:
+    """The keyword engine with n entries, every one of them mentioned in its 10-message window."""
+    words = [f"word{i}" for i in range(n)]
+    per = len(words) // 10 + 1
+    story = [message(i, "Nothing yet.") for i in range(1, 11)]
+    story += [message(11 + j, " ".join(words[j * per : (j + 1) * per])) for j in range(10)]
+    book = {str(i): {"uid": i, "key": [w], "content": f"Entry {i}."} for i, w in enumerate(words)}
+    return story, {"entries": book}, '[lore]\nengine = "keyword"\n'
+
+
+WORST: dict[str, Callable[[], Case]] = {
+    "regex+sticky": regex_sticky,
+    "chain-1000": lambda: chain(1000),
+    "chain-3000": lambda: chain(3000),
+    "5000+sticky (sillytavern)": lambda: sticky_book(5000, "sillytavern"),
+    "5000+sticky (keyword)": lambda: sticky_book(5000, "keyword"),
+    "keyword 20k mentioned": lambda: mentioned(20_000),
+    "keyword 40k mentioned": lambda: mentioned(40_000),
+}
+
+
+def worst(args: argparse.Namespace) -> int:
+    env = dict(os.environ, PYTHONPATH=args.code) if args.code else None
+    print(
+        f"lore's worst cases, tokenizer {args.tokenizer}, median of {args.runs} runs"
+        + (f", code {args.code}" if args.code else "")
+    )
+    print(f"{'case':<28}  {'seconds':>8}  placed")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, make in WORST.items():
+            if args.only and not any(o in name for o in args.only):
+                continue
+            story, book, config = make()
+            folder = Path(tmp) / name.replace(" ", "_").replace("(", "").replace(")", "")
+            folder.mkdir()
+            storygen.write(folder / "story.jsonl", story)
+            (folder / "book.json").write_text(json.dumps(book))
+            (folder / "config.toml").write_text(config)
+            argv = [
+                sys.executable,
+                "-m",
+                "otaku_ctx",
+                "build",
+                str(folder / "story.jsonl"),
+                "--lore",
+                str(folder / "book.json"),
+            ]
+            argv += ["--config", str(folder / "config.toml"), "--tokenizer", args.tokenizer, "--window", "400000"]
+            seconds = median_seconds(argv, args.runs, env, args.timeout)
+            placed = "-"
+            if seconds != float("inf"):
+                facts = subprocess.run(
+                    [*argv[:3], "inspect", *argv[4:], "--json"], capture_output=True, text=True, env=env
+                )
+                placed = str(sum(e["placed"] for e in json.loads(facts.stdout)["lore"]["entries"]))
+            shown = f"> {args.timeout:g}" if seconds == float("inf") else f"{seconds:.2f}"
+            print(f"{name:<28}  {shown:>8}  {placed}", flush=True)
+    return 0
 
 
 def main() -> int:
@@ -72,7 +190,13 @@ def main() -> int:
     parser.add_argument("--engine", default="keyword", choices=["keyword", "sillytavern"])
     parser.add_argument("--tokenizer", default="cl100k_base", choices=["cl100k_base", "estimate"])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--worst", action="store_true", help="time issue 20's worst cases instead")
+    parser.add_argument("--only", nargs="+", help="with --worst: only the cases whose names contain one of these")
+    parser.add_argument("--code", help="with --worst: the folder holding the otaku_ctx to run (default: this one)")
+    parser.add_argument("--timeout", type=float, default=None, help="with --worst: stop a run after this long")
     args = parser.parse_args()
+    if args.worst:
+        return worst(args)
     print(f"{args.entries} entries, engine {args.engine}, tokenizer {args.tokenizer}, median of {args.runs} runs")
     print(f"{'messages':>9}  {'no lore':>8}  {'lore':>8}  {'ratio':>5}  placed")
     with tempfile.TemporaryDirectory() as tmp:

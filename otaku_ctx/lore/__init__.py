@@ -41,6 +41,7 @@ from .rules import (
     MOST_SCAN_DEPTH,
     REGEX_SECONDS,
     REGEX_TOTAL_SECONDS,
+    REPLAY_TESTS,
     STRATEGIES,
     LoreRules,
 )
@@ -84,7 +85,7 @@ def choose(
         # Whether an entry is sticky or cooling down now depends on when it fired before, and
         # that on the turns before those: the replay starts at the first turn (or 200 back).
         only = replayed(book)
-        for past in range(max(1, turn - MOST_REPLAY), turn):
+        for past in range(max(1, turn - replay_length(book, chat, seed, turn, budget, only)), turn):
             timed.advance(past, book.by_entry)
             seen = chat[: max(0, len(chat) - (turn - past))]
             scan = Scan(book, seen, seed, past, timed, budget, record=False, only=only)
@@ -135,6 +136,19 @@ def choose(
     window = tuple(m.number for m in reversed(now))[: rules.scan_depth]
     notes = regex_notes(book) + problem_notes(entries)
     return LoreChoice(rules.engine, budget, used, tuple(placed + rest), window, notes)
+
+
+def replay_length(
+    book: Book, chat: Sequence[ChatLine], seed: str, turn: int, budget: int, only: set[int] | None
+) -> int:
+    """How many turns back the replay starts: MOST_REPLAY, or fewer when one replayed turn
+    (the last, scanned on its own) tests so many entries that MOST_REPLAY of them would pass
+    REPLAY_TESTS."""
+    if turn <= 1:
+        return 0
+    probe = Scan(book, chat[: max(0, len(chat) - 1)], seed, turn - 1, Timed(), budget, record=False, only=only)
+    probe.run()
+    return max(1, min(MOST_REPLAY, REPLAY_TESTS // max(1, probe.tests)))
 
 
 def replayed(book: Book) -> set[int] | None:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 WORD = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")  # JavaScript's \w
 MACRO = re.compile(r"\{\{(char|user)\}\}|<(USER|BOT)>", re.IGNORECASE)  # what `fill` replaces
-GRAM = 3  # keys are filed under a substring this long (shorter keys under themselves)
+GRAM = 4  # keys are filed under a substring this long (shorter keys under themselves)
 
 
 def whole_word_at(text: str, needle: str) -> int:
@@ -130,15 +130,85 @@ class Clock:
         return found.start() if found else None
 
 
+class Haystack:
+    """A text and where each of its trigrams starts: a key is then looked for only where its
+    rarest trigram stands, so finding many keys costs the text once and the keys' hits, not
+    every key times the text."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._at: dict[str, list[int]] | None = None
+
+    @property
+    def at(self) -> dict[str, list[int]]:
+        if self._at is None:
+            at: dict[str, list[int]] = {}
+            text = self.text
+            for i in range(len(text) - GRAM + 1):
+                gram = text[i : i + GRAM]
+                seen = at.get(gram)
+                if seen is None:
+                    at[gram] = [i]
+                else:
+                    seen.append(i)
+            self._at = at
+        return self._at
+
+    def starts(self, needle: str) -> list[int]:
+        """Every place `needle` starts in the text (overlapping), in order."""
+        text = self.text
+        if len(needle) < GRAM:
+            found, i = [], text.find(needle)
+            while i >= 0 and needle:
+                found.append(i)
+                i = text.find(needle, i + 1)
+            return found
+        at = self.at
+        offset = min(range(len(needle) - GRAM + 1), key=lambda i: len(at.get(needle[i : i + GRAM], ())))
+        return [
+            p - offset
+            for p in at.get(needle[offset : offset + GRAM], ())
+            if p >= offset and text.startswith(needle, p - offset)
+        ]
+
+    def count(self, needle: str) -> int:
+        """`str.count`: the occurrences that do not overlap, from the left."""
+        if not needle:
+            return self.text.count(needle)
+        n, end = 0, -1
+        for start in self.starts(needle):
+            if start >= end:
+                n, end = n + 1, start + len(needle)
+        return n
+
+    def holds(self, key: Plain, starts: list[int] | None = None) -> bool:
+        """Whether the plain key matches in the text (lower-cased already when it ignores case);
+        `starts` are its starts when the caller has them."""
+        if starts is None:
+            starts = self.starts(key.needle) if key.needle else [0]
+        if not key.whole:
+            return bool(starts)
+        text, n = self.text, len(key.needle)
+        return any(
+            (i == 0 or text[i - 1] not in WORD) and (i + n == len(text) or text[i + n] not in WORD) for i in starts
+        )
+
+    def starts_at(self, needle: str, gram: str, offset: int) -> list[int]:
+        """Where `needle` starts, given that it holds `gram` at `offset`."""
+        text = self.text
+        return [p - offset for p in self.at.get(gram, ()) if p >= offset and text.startswith(needle, p - offset)]
+
+
 class Keys:
     """Every key of a build as a numbered matcher, with the index that finds which plain keys
-    a piece of text holds."""
+    a piece of text holds: each key is filed under its least crowded trigram (a shorter key
+    under itself), and a piece is read once for the trigrams it has."""
 
     def __init__(self) -> None:
         self.matchers: list[Matcher] = []
         self._ids: dict[object, int] = {}
-        # sensitive? -> gram length -> gram -> ids of the piecewise plain keys filed under it
-        self._index: dict[bool, dict[int, dict[str, list[int]]]] = {False: {}, True: {}}
+        # sensitive? -> gram length -> gram -> (id, where the gram stands in it) of the keys filed under it
+        self._index: dict[bool, dict[int, dict[str, list[tuple[int, int]]]]] = {False: {}, True: {}}
 
     def add(self, matcher: Matcher) -> int:
         mid = self._ids.get(matcher)
@@ -146,16 +216,16 @@ class Keys:
             return mid
         mid = self._ids[matcher] = len(self.matchers)
         self.matchers.append(matcher)
-        if isinstance(matcher, Plain) and matcher.piecewise:
+        if isinstance(matcher, Plain) and matcher.piecewise and matcher.needle:
             self._file(mid, matcher)
         return mid
 
     def _file(self, mid: int, key: Plain) -> None:
         size = min(GRAM, len(key.needle))
         buckets = self._index[key.sensitive].setdefault(size, {})
-        grams = {key.needle[i : i + size] for i in range(len(key.needle) - size + 1)}
-        gram = min(sorted(grams), key=lambda g: len(buckets.get(g, ())))  # the least crowded
-        buckets.setdefault(gram, []).append(mid)
+        grams = sorted({key.needle[i : i + size] for i in range(len(key.needle) - size + 1)})
+        gram = min(grams, key=lambda g: len(buckets.get(g, ())))  # the least crowded
+        buckets.setdefault(gram, []).append((mid, key.needle.index(gram)))
 
     def held(self, text: str) -> frozenset[int]:
         """The piecewise plain keys that match somewhere in `text` (one piece)."""
@@ -163,13 +233,24 @@ class Keys:
         for sensitive, by_size in self._index.items():
             if not by_size:
                 continue
-            haystack = text if sensitive else text.lower()
+            haystack = Haystack(text if sensitive else text.lower())
             for size, buckets in by_size.items():
-                grams = {haystack[i : i + size] for i in range(len(haystack) - size + 1)}
-                for gram in grams & buckets.keys():
-                    for mid in buckets[gram]:
+                if size == GRAM:
+                    grams: set[str] | object = haystack.at.keys() & buckets.keys()
+                else:
+                    t = haystack.text
+                    grams = {t[i : i + size] for i in range(len(t) - size + 1)} & buckets.keys()
+                assert isinstance(grams, set)
+                for gram in grams:
+                    for mid, offset in buckets[gram]:
                         key = self.matchers[mid]
                         assert isinstance(key, Plain)
-                        if plain_at(haystack, key.needle, key.whole) >= 0:
+                        if mid in found:
+                            continue
+                        if size == GRAM:
+                            starts = haystack.starts_at(key.needle, gram, offset)
+                        else:
+                            starts = haystack.starts(key.needle)
+                        if haystack.holds(key, starts):
                             found.add(mid)
         return frozenset(found)

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from ..story.worldinfo import regex_key
 from .choice import ChatLine, LoreDecision
+from .keys import Haystack
 from .rules import IDF_MESSAGES
 
-# Past this many (key, message) pairs, document frequency is found through an index of the
-# messages' trigrams instead of testing every key on every message (same counts, bounded cost).
+# Past this many (key, message) pairs, keys are found through an index of the messages' n-grams
+# instead of testing every key on every message (the same counts, a bounded cost).
 DIRECT_PAIRS = 200_000
-GRAM = 3
 
 # ── The keyword engine's ranking (seed 000) ────────────────────────────────────────────────
 
@@ -36,10 +38,26 @@ def keyword_rank(
     window_stats: dict[str, tuple[int, int | None]] = {}  # key -> (term frequency, newest message holding it)
     mentioned: dict[str, bool] = {}
 
+    # Many keys: find them in the window's texts joined (by a character no key holds) and
+    # indexed by trigram, each key where its rarest trigram stands.
+    indexed = len(decisions) * len(texts) > DIRECT_PAIRS // 100
+    joined = Haystack("\x00".join(texts))
+    bounds = list(itertools.accumulate(len(t) + 1 for t in texts))  # where each text ends (+1)
+
     def stat(k: str) -> tuple[int, int | None]:
         if k not in window_stats:
-            newest = next((i for i, t in enumerate(texts) if k in t), None)
-            window_stats[k] = (sum(t.count(k) for t in texts) if newest is not None else 0, newest)
+            if indexed and k and "\x00" not in k:
+                counts = [0] * len(texts)
+                end = -1
+                for start in joined.starts(k):  # str.count per text: occurrences that do not overlap
+                    if start >= end:
+                        counts[bisect.bisect_right(bounds, start)] += 1
+                        end = start + len(k)
+                newest = next((i for i, c in enumerate(counts) if c), None)
+                window_stats[k] = (sum(counts), newest)
+            else:
+                newest = next((i for i, t in enumerate(texts) if k in t), None)
+                window_stats[k] = (sum(t.count(k) for t in texts) if newest is not None else 0, newest)
         return window_stats[k]
 
     keys_of: list[list[str]] = []
@@ -73,21 +91,18 @@ def keyword_rank(
 
 
 def document_frequency(keys: Iterable[str], corpus: Sequence[str]) -> dict[str, int]:
-    """How many messages of `corpus` hold each key (as a substring)."""
+    """How many messages of `corpus` hold each key (as a substring). Many keys are found in the
+    messages joined (by a character no key holds) and indexed by n-gram, each key only where
+    its rarest n-gram stands."""
     keys = set(keys)
     if len(keys) * len(corpus) <= DIRECT_PAIRS:
         return {k: sum(1 for t in corpus if k in t) for k in keys}
-    sizes = {min(GRAM, len(k)) for k in keys}
-    wanted = {k[i : i + n] for k in keys for n in (min(GRAM, len(k)),) for i in range(len(k) - n + 1)}
-    postings: dict[str, list[int]] = {}
-    for index, text in enumerate(corpus):
-        grams = {text[i : i + n] for n in sizes for i in range(len(text) - n + 1)} & wanted
-        for gram in grams:
-            postings.setdefault(gram, []).append(index)
+    joined = Haystack("\x00".join(corpus))
+    bounds = list(itertools.accumulate(len(t) + 1 for t in corpus))
     counts: dict[str, int] = {}
     for k in keys:
-        n = min(GRAM, len(k))
-        lists = [postings.get(k[i : i + n], []) for i in range(len(k) - n + 1)]
-        fewest = min(lists, key=len) if lists else range(len(corpus))
-        counts[k] = sum(1 for index in fewest if k in corpus[index])
+        if not k or "\x00" in k:
+            counts[k] = sum(1 for t in corpus if k in t)
+        else:
+            counts[k] = len({bisect.bisect_right(bounds, start) for start in joined.starts(k)})
     return counts

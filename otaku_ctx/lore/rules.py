@@ -16,8 +16,11 @@ STRATEGIES: tuple[str, ...] = ("evenly", "character_first", "global_first")  # w
 # message costs a build a fraction of a second, however many turns and passes scan it.
 REGEX_SECONDS = 0.25
 REGEX_TOTAL_SECONDS = 1.0
-# Timed effects replay at most this many turns back.
+# Timed effects replay at most this many turns back, and at most as many as REPLAY_TESTS entry
+# tests allow: a lorebook where thousands of entries fire on every turn replays fewer turns (the
+# count of one replayed turn's tests decides how many, so the same story gives the same prompt).
 MOST_REPLAY = 200
+REPLAY_TESTS = 100_000
 # The keyword engine's TF-IDF looks at this many of the latest messages (the work grows with
 # the window, not with the story).
 IDF_MESSAGES = 2000

@@ -103,10 +103,7 @@ class Item:
     allowed: bool  # its characterFilter lets it fire for this character
     joined: bool  # a key is tested on the joined text (a regex, a newline in it, blank)
     groups: tuple[str, ...]
-
-    @property
-    def ident(self) -> tuple[str, int | str]:
-        return identity(self.entry)
+    ident: tuple[str, int | str]  # (source, uid): what timed effects are kept by
 
 
 def allowed_for(entry: LoreEntry, character: Character | None) -> bool:
@@ -151,7 +148,7 @@ class Book:
             secondary = tuple(self._key(k, sensitive, whole) for k in e.keysecondary)
             joined = any(k is not None and not self._piecewise(k[1]) for k in (*primary, *secondary))
             groups = tuple(g for g in (name.strip() for name in _split_groups(e.group)) if g)
-            item = Item(e, rank, primary, secondary, allowed_for(e, character), joined, groups)
+            item = Item(e, rank, primary, secondary, allowed_for(e, character), joined, groups, identity(e))
             self.items.append(item)
             self.by_ident.setdefault(item.ident, []).append(item)
             for k in primary:
@@ -166,6 +163,10 @@ class Book:
         self.own_depth = [it for it in self.items if it.entry.scan_depth is not None and it.entry.key]
         self.delayed = sorted((it for it in self.items if it.entry.delay_until_recursion), key=lambda it: it.rank)
         self.levels = sorted({it.entry.delay_until_recursion for it in self.delayed})
+        self.members: dict[str, list[Item]] = {}  # group name -> its entries
+        for it in self.items:
+            for name in it.groups:
+                self.members.setdefault(name, []).append(it)
         self._message_keys: dict[tuple[int, str], frozenset[int]] = {}
         self._content_keys: dict[int, frozenset[int]] = {}
         self._contents: dict[int, str] = {}
@@ -228,6 +229,10 @@ def _split_groups(group: str) -> list[str]:
 # ── One scan (one turn) ────────────────────────────────────────────────────────────────────
 
 
+# What a replayed turn's test of an entry gives when it fires: a replay keeps no decisions.
+FIRED = LoreDecision(LoreEntry(uid="", content=""), True, "key")
+
+
 @dataclass(eq=False)
 class Fired:
     """An entry a pass activated, and what is decided about it."""
@@ -261,9 +266,12 @@ class Scan:
         self.admitted: list[Item] = []
         self.used = 0
         self.overflowed = False
+        self.tests = 0  # entries tested: what a replayed turn costs
         self._activated: set[int] = set()
         self._failed: set[int] = set()
         self._retry: dict[int, Item] = {}  # fired, but lost its group or the budget: fires again later
+        self._admitted_groups: set[str] = set()  # the `group` texts of the admitted entries
+        self.lazy = not record and self.rules.engine == "sillytavern" and not book.levels
         self._opened = 0  # messages whose keys are in _first
         self._first: dict[int, int] = {}  # matcher -> the newest message (0 = newest) holding it
         self.recursion: list[str] = []  # SillyTavern's recursion buffer: one text per pass
@@ -290,29 +298,13 @@ class Scan:
             last = (kind, depth, len(self.recursion), level)
             if kind != "recursion":
                 window = depth
-            found = [Fired(it, d) for it in candidates if (d := self.check(it, kind, level, skew)) is not None]
-            found.sort(key=lambda f: (0 if f.item.ident in self.timed.sticky else 1, f.item.rank))
-            found = self.groups(found, kind, skew)
-            new = 0
-            for i, f in enumerate(found):
-                if not self.probable(f):
-                    self._failed.add(id(f.item))
-                    self._retry.pop(id(f.item), None)
-                    continue
-                if rules.engine == "sillytavern":
-                    new += self.book.cost(f.item.entry)
-                    if carried + new >= self.budget:  # the entry that reaches the budget ends the pass
-                        self.overflowed = True
-                        for late in found[i:]:
-                            if id(late.item) not in self._failed:
-                                self.keep(
-                                    late.item,
-                                    replace(late.decision, reason="budget", tokens=self.book.cost(late.item.entry)),
-                                )
-                                self._retry[id(late.item)] = late.item
-                        break
-                    f.decision = replace(f.decision, tokens=self.book.cost(f.item.entry))
-                self.admit(f)
+            if self.lazy:
+                found = self.until_full(candidates, kind, level, skew, carried)
+            else:
+                found = [Fired(it, d) for it in candidates if (d := self.check(it, kind, level, skew)) is not None]
+                found.sort(key=lambda f: (0 if f.item.ident in self.timed.sticky else 1, f.item.rank))
+                found = self.groups(found, kind, skew)
+                self.take(found, carried)
             # Every entry of the pass that did not fail its roll, admitted or not (SillyTavern's
             # successfulNewEntries): its content is the next pass's recursion text.
             for_recursion = [
@@ -335,6 +327,74 @@ class Scan:
             if kind:
                 self.add_recursion(for_recursion)
                 carried += sum(self.book.cost(it.entry) for it in for_recursion)
+
+    def take(self, found: list[Fired], carried: int, new: int = 0) -> int | None:
+        """Roll for and admit the pass's entries in order; with the SillyTavern engine, the
+        entry whose content reaches the budget is refused and ends the pass (L3995-4044).
+        The tokens the pass has added so far (`new` before these), or None at the budget."""
+        for i, f in enumerate(found):
+            if not self.probable(f):
+                self._failed.add(id(f.item))
+                self._retry.pop(id(f.item), None)
+                continue
+            if self.rules.engine == "sillytavern":
+                new += self.book.cost(f.item.entry)
+                if carried + new >= self.budget:
+                    self.overflowed = True
+                    for late in found[i:]:
+                        if id(late.item) not in self._failed:
+                            self.keep(late.item, late.decision, reason="budget", tokens=self.book.cost(late.item.entry))
+                            self._retry[id(late.item)] = late.item
+                    return None
+            self.admit(f)
+        return new
+
+    def until_full(self, candidates: list[Item], kind: Kind, level: int, skew: int, carried: int) -> list[Fired]:
+        """A replayed turn's pass with the SillyTavern engine: the same admissions as testing
+        every candidate, but the candidates are tested in admission order (sticky first, then
+        scan order) only until the budget is reached, which ends the pass and, with no recursion
+        level left, the scan. An entry in a group is decided with all of its groups' candidates."""
+        sticky = self.timed.sticky
+        order = [it for it in candidates if it.ident in sticky] + [it for it in candidates if it.ident not in sticky]
+        chosen = {id(it) for it in candidates}
+        tested: dict[int, Fired | None] = {}
+        alive: dict[int, bool] = {}
+
+        def test(it: Item) -> Fired | None:
+            if id(it) not in tested:
+                d = self.check(it, kind, level, skew)
+                tested[id(it)] = Fired(it, d) if d is not None else None
+            return tested[id(it)]
+
+        found: list[Fired] = []
+        new: int | None = 0
+        for it in order:
+            f = test(it)
+            if f is None:
+                continue
+            if it.groups and id(it) not in alive:
+                names, members, grown = set(it.groups), {id(it): it}, True
+                while grown:  # the entries tied to it through shared groups
+                    more = {
+                        id(m): m
+                        for n in names
+                        for m in self.book.members[n]
+                        if id(m) in chosen and id(m) not in members
+                    }
+                    members.update(more)
+                    names |= {n for m in more.values() for n in m.groups}
+                    grown = bool(more)
+                tied = [g for m in members.values() if (g := test(m)) is not None]
+                tied.sort(key=lambda g: (0 if g.item.ident in sticky else 1, g.item.rank))
+                kept = {id(g) for g in self.groups(tied, kind, skew)}
+                alive.update((id(g.item), id(g) in kept) for g in tied)
+            if it.groups and not alive[id(it)]:
+                continue
+            found.append(f)
+            new = self.take([f], carried, new or 0)
+            if new is None:
+                break
+        return found
 
     def candidates(
         self, kind: Kind, depth: int, level: int, last: tuple[Kind, int, int, int] | None, window: int
@@ -387,6 +447,7 @@ class Scan:
     def check(self, it: Item, kind: Kind, level: int, skew: int) -> LoreDecision | None:
         """Whether the entry activates in this pass (a decision with fired=True) or not (None;
         the reason is kept when recording). SillyTavern's order of checks."""
+        self.tests += 1
         e = it.entry
         sticky = it.ident in self.timed.sticky
         if e.disable:
@@ -404,13 +465,13 @@ class Scan:
         if kind == "recursion" and self.rules.recursive and e.exclude_recursion and not sticky:
             return None  # keeps the reason of the passes before
         if "@@activate" in e.decorators:
-            return LoreDecision(e, True, "decorator", detail="@@activate")
+            return LoreDecision(e, True, "decorator", detail="@@activate") if self.record else FIRED
         if "@@dont_activate" in e.decorators:
             return self.no(it, "dont_activate")
         if e.constant:
-            return LoreDecision(e, True, "constant")
+            return LoreDecision(e, True, "constant") if self.record else FIRED
         if sticky:
-            return LoreDecision(e, True, "sticky")
+            return LoreDecision(e, True, "sticky") if self.record else FIRED
         if not e.key:
             return self.no(it, "no_keys")
         depth = self.depth(it, skew)
@@ -422,12 +483,11 @@ class Scan:
                 break
         if primary is None:
             return self.no(it, "no_match")
-        fired = self.fired_by(e, *primary)
         if not (e.selective and e.keysecondary):
-            return fired
+            return self.fired_by(e, *primary) if self.record else FIRED
         logic = SELECTIVE_LOGICS[e.selective_logic]
         if self.secondary(it, logic, depth, recursion):
-            return replace(fired, detail=logic)
+            return replace(self.fired_by(e, *primary), detail=logic) if self.record else FIRED
         return self.no(it, "secondary", logic)
 
     def secondary(self, it: Item, logic: str, depth: int, recursion: bool) -> bool:
@@ -540,17 +600,22 @@ class Scan:
 
     # ── What the pass activated ──
 
-    def keep(self, it: Item, d: LoreDecision) -> None:
+    def keep(self, it: Item, d: LoreDecision, **changes: object) -> None:
+        """Keep what became of an entry, with `changes` (when recording)."""
         if self.record:
-            self.decisions[id(it)] = d
+            self.decisions[id(it)] = replace(d, **changes) if changes else d  # type: ignore[arg-type]
 
     def admit(self, f: Fired) -> None:
         self._activated.add(id(f.item))
         self._retry.pop(id(f.item), None)
         self.admitted.append(f.item)
-        self.decisions[id(f.item)] = f.decision
+        self._admitted_groups.add(f.item.entry.group)
         if self.rules.engine == "sillytavern":
-            self.used += f.decision.tokens
+            tokens = self.book.cost(f.item.entry)
+            self.used += tokens
+            self.keep(f.item, f.decision, tokens=tokens)
+        else:
+            self.keep(f.item, f.decision)
 
     def probable(self, f: Fired) -> bool:
         e = f.item.entry
@@ -560,8 +625,7 @@ class Scan:
         if roll <= e.probability:
             return True
         self.keep(
-            f.item,
-            replace(f.decision, fired=False, reason="probability", detail=f"rolled {roll:.0f} > {e.probability:g}"),
+            f.item, f.decision, fired=False, reason="probability", detail=f"rolled {roll:.0f} > {e.probability:g}"
         )
         return False
 
@@ -585,7 +649,7 @@ class Scan:
                 alive.discard(id(f))
                 self._retry[id(f.item)] = f.item
                 by = winner.item.entry.uid if winner else None
-                self.keep(f.item, replace(f.decision, fired=False, reason="group", by=by, detail=f.item.entry.group))
+                self.keep(f.item, f.decision, fired=False, reason="group", by=by, detail=f.item.entry.group)
 
         has_sticky: dict[str, bool] = {}
         for name, group in grouped.items():
@@ -611,7 +675,7 @@ class Scan:
         for name, group in grouped.items():
             if has_sticky[name]:
                 continue
-            if any(a.entry.group == name for a in self.admitted):  # SillyTavern compares the whole text
+            if name in self._admitted_groups:  # SillyTavern compares an admitted entry's whole group text
                 for f in group:
                     lose(f, None)
                 continue
