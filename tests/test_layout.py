@@ -124,3 +124,18 @@ def test_every_module_imports_on_its_own() -> None:
             failed[module] = err.strip().splitlines()[-1:]
     assert not failed
     assert len(running) > 40
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_no_module_imports_another_modules_private_names(module: str) -> None:
+    """A name that starts with `_` is its module's own: what two modules share is public."""
+    path = REPO / Path(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    private = [
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("otaku_ctx"))
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+    assert not private, f"{module} imports {private}"
