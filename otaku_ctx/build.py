@@ -98,11 +98,21 @@ def budget_of(story: Story, settings: Settings, count: TokenCounter) -> Budget:
 
 
 def open_story(
-    path: Path, source_format: str | None = None, cards: Sequence[Path] = (), conversation: int | None = None
+    path: Path,
+    source_format: str | None = None,
+    cards: Sequence[Path] = (),
+    conversation: int | None = None,
+    summaries: Path | None = None,
+    shown: str | None = None,
 ) -> Story:
-    """Read a story (any supported format; `conversation` picks one of many) and add each card
-    file as a card message at the start."""
+    """Read a story (any supported format; `conversation` picks one of many), add the fresh
+    scenes of a summaries file (`ctx summarize`'s sidecar; its stale ones left out, with a
+    note), and add each card file as a card message at the start."""
     story = read_story(path, source_format, conversation)
+    if summaries is not None:
+        from .story.sidecar import read_sidecar, with_sidecar
+
+        story = with_sidecar(story, read_sidecar(summaries), shown or str(summaries))
     if cards:
         from .story.cards import add_cards, read_card
 

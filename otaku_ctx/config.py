@@ -36,7 +36,19 @@ DEFAULT_CARD_TEMPLATE = (
 # keeps every loop over rungs and messages bounded.
 MOST = 1_000_000_000
 Kind = Literal[
-    "count", "factor", "share", "reserve", "tokenizer", "cache", "text", "engine", "files", "depth", "switch", "flag"
+    "count",
+    "factor",
+    "share",
+    "reserve",
+    "tokenizer",
+    "cache",
+    "text",
+    "engine",
+    "files",
+    "depth",
+    "switch",
+    "flag",
+    "seconds",
 ]
 
 
@@ -149,11 +161,39 @@ class LoreSettings:
         )
 
 
-SECTIONS: dict[str, type[ContextSettings] | type[PromptSettings] | type[ModelSettings] | type[LoreSettings]] = {
+@dataclass(frozen=True)
+class SummarizeSettings:
+    """`[summarize]`: `ctx summarize`, which writes scene summaries and histories with the
+    user's own model server (README: "Summaries")."""
+
+    url: str = setting("", "the model server's OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1", "text")
+    model: str = setting("", 'the "model" asked for (the server\'s name for it)', "text")
+    api_key_env: str = setting("", "the NAME of the environment variable holding the API key; empty: no key", "text")
+    window: int = setting(0, "the summarizer's context in tokens; 0 = ask the server, else 8192", "count")
+    timeout: float = setting(300.0, "seconds to wait for each reply", "seconds")
+    connect_timeout: float = setting(10.0, "seconds to wait for a connection", "seconds")
+    settle: int = setting(20, "the newest messages never summarized", "count")
+    min_chars: int = setting(6000, "a scene holds at least this many characters of text", "count", least=1)
+    min_messages: int = setting(20, "and at least this many messages", "count", least=1)
+    summary_words: int = setting(400, "a scene's summary: at most this many words", "count", least=20)
+    history_words: int = setting(200, "a history (the story so far): at most this many words", "count", least=20)
+    summary_prompt: str = setting("", "the summary prompt file; empty: the shipped prompts/summary.md", "text")
+    history_prompt: str = setting("", "the history prompt file; empty: the shipped prompts/history.md", "text")
+    jobs: int = setting(1, "scene requests sent at once (llama.cpp -np, vLLM, hosted APIs)", "count", least=1)
+    temperature: float = setting(0.2, "the sampling temperature of every request", "factor")
+    repeat_penalty: float = setting(0.0, "llama.cpp's repeat_penalty, sent when > 0 (1.1 for small models)", "factor")
+    attempts: int = setting(3, "tries for a reply with a usable summary before it is reported", "count", least=1)
+
+
+SECTIONS: dict[
+    str,
+    type[ContextSettings] | type[PromptSettings] | type[ModelSettings] | type[LoreSettings] | type[SummarizeSettings],
+] = {
     "context": ContextSettings,
     "prompt": PromptSettings,
     "model": ModelSettings,
     "lore": LoreSettings,
+    "summarize": SummarizeSettings,
 }
 
 
@@ -171,6 +211,7 @@ class Settings:
     prompt: PromptSettings = PromptSettings()
     model: ModelSettings = ModelSettings()
     lore: LoreSettings = LoreSettings()
+    summarize: SummarizeSettings = SummarizeSettings()
     sources: Mapping[str, str] = field(default_factory=dict)
     given: frozenset[str] = frozenset()
     path: Path | None = None  # the file that was read, if any
@@ -251,6 +292,18 @@ def _files(c: _Check) -> tuple[str, ...]:
     return tuple(str(base / Path(v).expanduser()) if base else str(Path(v).expanduser()) for v in value)
 
 
+def _seconds(c: _Check) -> float:
+    v = c.value
+    if isinstance(v, str):  # from a flag
+        try:
+            v = float(v)
+        except ValueError:
+            raise c.wrong("a number of seconds above 0") from None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not 0 < v <= 86_400:
+        raise c.wrong("a number of seconds above 0, at most 86,400 (a day)")
+    return float(v)
+
+
 def _text(c: _Check) -> str:
     if not isinstance(c.value, str):
         raise c.wrong("text")
@@ -278,6 +331,7 @@ CHECKS: dict[str, Callable[[_Check], Any]] = {
     "share": _share,
     "files": _files,
     "text": _text,
+    "seconds": _seconds,
     "cache": _one_of(CACHES),
     "engine": _one_of(ENGINES),
     "tokenizer": _one_of(TOKENIZERS),
@@ -330,6 +384,7 @@ def load_settings(
         prompt=PromptSettings(**values["prompt"]),
         model=ModelSettings(**values["model"]),
         lore=LoreSettings(**values["lore"]),
+        summarize=SummarizeSettings(**values["summarize"]),
         sources=sources,
         given=frozenset(overrides or ()),
         path=read,

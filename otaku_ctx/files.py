@@ -40,6 +40,8 @@ BOUNDS: dict[str, int] = {
     "format file": 1 * MiB,
     "instruct preset": 16 * MiB,
     "variables file": 64 * MiB,
+    "summaries": 256 * MiB,  # the sidecar `ctx summarize` writes beside a story
+    "prompt file": 1 * MiB,  # a `ctx summarize` prompt
 }
 STORY_KINDS = ("story", "card", "lorebook")  # a missing one is a StoryError; the others' a ConfigError
 CHUNK = 1 << 20

@@ -40,6 +40,8 @@ GOOD: dict[str, bytes] = {
     "format file": (REPO / "configs" / "formats" / "chatml.toml").read_bytes(),
     "instruct preset": (FIXTURES / "sillytavern" / "instruct" / "chatml.json").read_bytes(),
     "variables file": b'{"description": "A lamp."}',
+    "summaries": b"",
+    "prompt file": (REPO / "configs" / "prompts" / "summary.md").read_bytes(),
 }
 
 
@@ -60,6 +62,22 @@ def _config_listing(lorebook: str, folder: Path) -> list[str]:
     config = folder / "listing.toml"
     config.write_text(f"[lore]\nfiles = [{json.dumps(lorebook)}]\n", encoding="utf-8")
     return ["build", str(CASE3), "--config", str(config)]
+
+
+def _summary_prompt(prompt: str, folder: Path) -> list[str]:
+    config = folder / "prompts.toml"
+    config.write_text(f"[summarize]\nsummary_prompt = {json.dumps(prompt)}\n", encoding="utf-8")
+    return [
+        "summarize",
+        str(CASE3),
+        "--url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+        "--dry-run",
+        "--config",
+        str(config),
+    ]
 
 
 INPUTS = [
@@ -110,6 +128,14 @@ INPUTS = [
     Input(
         "--vars", "variables file", ".json", lambda p, _: ["template", "render", "default", "--vars", p], output=False
     ),
+    Input(
+        "--summaries",
+        "summaries",
+        ".ctx-summaries",
+        lambda p, _: ["build", str(CASE3), "--summaries", p],
+        empty_ok=True,
+    ),
+    Input("[summarize] summary_prompt", "prompt file", ".md", _summary_prompt, output=False),
 ]
 
 # The hostile files: what each is, and the words its one-line error holds.

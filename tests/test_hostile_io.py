@@ -429,6 +429,8 @@ def test_the_stated_bounds() -> None:
         "format file": MiB,
         "instruct preset": 16 * MiB,
         "variables file": 64 * MiB,
+        "summaries": 256 * MiB,
+        "prompt file": MiB,
     }
     assert CONFIG_BOUND == BOUNDS["config file"]
     readme = (REPO / "README.md").read_text(encoding="utf-8")

@@ -34,11 +34,12 @@ STAGES: dict[str, set[str]] = {
     "config": {"errors", "status", "locations", "tokens", "lore", "assemble"},
     "hbs": {"errors", "status", "story"},  # story: the `Role` of a block, nothing else
     "render": FOUNDATION | {"story", "lore", "assemble", "config", "hbs"},
+    "summarize": FOUNDATION | {"story", "config", "backend"},  # asks its model through backend/ only
     "build": FOUNDATION | {"story", "lore", "assemble", "config", "hbs", "render", "backend"},
     "replay": FOUNDATION | {"story", "config", "hbs", "render", "build"},
     "report": FOUNDATION | {"story", "lore", "assemble", "render", "build"},
     "cli": FOUNDATION
-    | {"story", "lore", "assemble", "config", "hbs", "render", "build", "replay", "report", "backend", ""},
+    | {"story", "lore", "assemble", "config", "hbs", "render", "build", "replay", "report", "backend", "summarize", ""},
     "__main__": {"status", "cli", ""},
     "": {"story", "lore", "assemble", "config", "hbs", "render", "build", "errors", "tokens"},  # the lazy public API
 }

@@ -22,6 +22,7 @@ from ..status import ExitStatus
 from .config import config_app
 from .replay import replay_cmd
 from .story import build_cmd, convert_cmd, inspect_cmd, validate_cmd
+from .summarize import summarize_cmd
 from .template import template_app
 from .terminal import PipeClosed, StdoutClosed, Terminal, serving, write_stdout
 
@@ -37,6 +38,7 @@ app.command("inspect")(inspect_cmd)
 app.command("validate", short_help="Report every problem of STORY at once.")(validate_cmd)
 app.command("convert")(convert_cmd)
 app.command("replay", short_help="Replay STORY turn by turn and measure prompt-cache reuse.")(replay_cmd)
+app.command("summarize", short_help="Summarize STORY's scenes with your own model.")(summarize_cmd)
 app.add_typer(config_app, name="config")
 app.add_typer(template_app, name="template")
 

@@ -71,6 +71,14 @@ MaxStorySize = Annotated[
     str | None,
     typer.Option("--max-story-size", metavar="SIZE", help="Read a story of up to SIZE (default 1G), e.g. 4G."),
 ]
+Summaries = Annotated[
+    str | None,
+    typer.Option(
+        "--summaries",
+        metavar="FILE|none",
+        help="Read scene summaries from FILE (default: STORY.ctx-summaries beside it, when there), or none.",
+    ),
+]
 Force = Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the same facts as JSON.")]
 
@@ -95,6 +103,7 @@ _shared("source_format", From)
 _shared("card", Cards)
 _shared("conversation", Conversation)
 _shared("max_story_size", MaxStorySize)
+_shared("summaries", Summaries)
 _shared("template", str | None, "prompt.template", metavar="NAME|FILE", help="Context template: a name or a .hbs file.")
 _shared(
     "format",
@@ -131,13 +140,16 @@ class Request:
     config: str | None
     overrides: dict[str, tuple[Any, str]]
     story_bound: int | None = None  # --max-story-size
+    summaries: str | None = None  # --summaries FILE|none
 
     def settings(self) -> Settings:
         return settings_from(self.config, self.overrides)
 
     def read_story(self) -> Story:
         """The story with its cards, read (see `read_story`)."""
-        return read_story(self.story, self.source_format, self.cards, self.conversation, self.story_bound)
+        return read_story(
+            self.story, self.source_format, self.cards, self.conversation, self.story_bound, self.summaries
+        )
 
     def run(self) -> tuple[Built, Story]:
         """Read the story and build it: (the `Built` result, the `Story`). What the reader
@@ -196,6 +208,7 @@ def prompt_options(command: F) -> F:
             config=options["config"],
             overrides=overrides,
             story_bound=story_bound(options["max_story_size"]),
+            summaries=named(options["summaries"], "--summaries", "an empty path; name a summaries file, or none"),
         )
         return command(request=request, **given)
 
@@ -225,15 +238,37 @@ def read_story(
     cards: Sequence[Path] = (),
     conversation: int | None = None,
     bound: int | None = None,
+    summaries: str | None = None,
 ) -> Story:
     """Read STORY as given ("-" is stdin; a stream is copied once, at most `bound` bytes) with
-    its cards; errors and the story's `path` name what the user gave, never a temp copy."""
+    its summaries file (`summaries_path`) and its cards; errors and the story's `path` name
+    what the user gave, never a temp copy."""
     from ..build import open_story
     from ..files import as_regular_file
 
+    sidecar = summaries_path(story, summaries)
     with as_regular_file(story, terminal().stdin, bound) as path:
-        told = open_story(path, source_format, cards, conversation)
+        told = open_story(path, source_format, cards, conversation, sidecar, str(sidecar))
     return replace(told, path=Path("<stdin>" if story == "-" else story))
+
+
+def summaries_path(story: str, given: str | None) -> Path | None:
+    """The summaries file a run reads: `--summaries FILE` (which must exist), none for
+    `--summaries none`, else `STORY.ctx-summaries` beside the story when it is there."""
+    from ..errors import StoryError
+    from ..story.sidecar import sidecar_for
+
+    if given == "none":
+        return None
+    if given:
+        path = Path(given)
+        if not path.exists():
+            raise StoryError(path, None, "no such summaries file (ctx summarize writes one; or --summaries none)")
+        return path
+    if story == "-" or not story:
+        return None
+    beside = sidecar_for(story)
+    return beside if beside.is_file() else None
 
 
 def named(value: str | None, flag: str, empty: str) -> str:

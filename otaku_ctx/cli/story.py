@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,14 +20,19 @@ from .options import (
     MaxStorySize,
     Request,
     StoryArg,
+    Summaries,
     card_paths,
     named,
     prompt_options,
     read_story,
     settings_from,
     story_bound,
+    summaries_path,
 )
 from .terminal import PipeClosed, show, stdout_of, terminal, write_stdout
+
+if TYPE_CHECKING:
+    from ..story.native import Problem
 
 
 @prompt_options
@@ -95,16 +101,22 @@ def validate_cmd(
     conversation: Conversation = None,
     config: ConfigPath = None,
     max_story_size: MaxStorySize = None,
+    summaries: Summaries = None,
     debug: Debug = False,
 ) -> None:
-    """Report every problem of STORY at once; exit 1 when any is an error."""
+    """Report every problem of STORY at once (and the stale scenes of its summaries file);
+    exit 1 when any is an error."""
     from ..files import as_regular_file
     from ..story.detect import check_story
 
     settings_from(config)  # a bad --config is reported like everywhere else
     named(story, "STORY", "an empty path; name the story file, or - for stdin")
+    sidecar = summaries_path(story, named(summaries, "--summaries", "an empty path; name a summaries file, or none"))
     with as_regular_file(story, terminal().stdin, story_bound(max_story_size)) as path:
-        kind, problems = check_story(path, source_format.value if source_format else None, conversation)
+        fmt = source_format.value if source_format else None
+        kind, problems = check_story(path, fmt, conversation)
+        if sidecar is not None and not any(p.severity == "error" for p in problems):
+            problems += _sidecar_problems(path, fmt, conversation, sidecar)
     shown = "<stdin>" if str(story) == "-" else str(story)
     for p in problems[:MOST_PROBLEMS_SHOWN]:
         terminal().say(
@@ -126,6 +138,16 @@ def validate_cmd(
     terminal().say(f"{shown}: ok, {kind}{warnings}")
 
 
+def _sidecar_problems(path: Path, fmt: str | None, conversation: int | None, sidecar: Path) -> list[Problem]:
+    """The summaries file's stale scenes, as warnings (a build leaves them out)."""
+    from ..story.detect import read_story as read_only_story
+    from ..story.native import Problem
+    from ..story.sidecar import judge, read_sidecar
+
+    judged = judge(read_only_story(path, fmt, conversation), read_sidecar(sidecar))
+    return [Problem(None, note, "warning") for note in judged.notes(str(sidecar))]
+
+
 def convert_cmd(
     story: StoryArg,
     output: Annotated[str, typer.Option("-o", "--output", metavar="FILE", help="The native JSONL file to write.")],
@@ -135,11 +157,11 @@ def convert_cmd(
     force: Force = False,
     config: ConfigPath = None,
     max_story_size: MaxStorySize = None,
+    summaries: Summaries = None,
     debug: Debug = False,
 ) -> None:
-    """Write STORY (any readable format) as native JSONL, atomically."""
-    from pathlib import Path
-
+    """Write STORY (any readable format) as native JSONL, atomically, with the fresh scenes of
+    its summaries file."""
     from ..build import native_text
     from ..errors import ConfigError
     from ..files import write_output
@@ -149,7 +171,8 @@ def convert_cmd(
         raise ConfigError(output, None, "already exists; pass --force to overwrite it")
     story = named(story, "STORY", "an empty path; name the story file, or - for stdin")
     fmt = source_format.value if source_format else None
-    converted = read_story(story, fmt, card_paths(card), conversation, story_bound(max_story_size))
+    given = named(summaries, "--summaries", "an empty path; name a summaries file, or none")
+    converted = read_story(story, fmt, card_paths(card), conversation, story_bound(max_story_size), given)
     for note in converted.notes:
         terminal().say(f"ctx: {note}")
     write_output(output, native_text(converted), stdout_of(terminal()))

@@ -1,0 +1,159 @@
+"""`ctx summarize STORY`: scene summaries and histories from the user's own model server, into
+the sidecar beside the story; a progress bar on a terminal, the report line at the end."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from .options import (
+    AsJson,
+    ConfigPath,
+    Conversation,
+    Debug,
+    From,
+    MaxStorySize,
+    StoryArg,
+    Summaries,
+    named,
+    read_story,
+    settings_from,
+    story_bound,
+)
+from .terminal import progress, terminal, write_stdout
+
+if TYPE_CHECKING:
+    from ..summarize import Plan, Progress, Report
+
+Url = Annotated[str | None, typer.Option("--url", metavar="URL", help="The server's OpenAI-compatible base URL.")]
+Model = Annotated[str | None, typer.Option("--model", metavar="NAME", help="The model to ask (the server's name).")]
+Window = Annotated[
+    int | None,
+    typer.Option("--window", min=1, metavar="TOKENS", help="The summarizer's context (default: ask the server)."),
+]
+Jobs = Annotated[int | None, typer.Option("--jobs", min=1, metavar="N", help="Scene requests sent at once.")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="List the scenes and requests; contact no server.")]
+
+
+def summarize_cmd(
+    story: StoryArg,
+    url: Url = None,
+    model: Model = None,
+    window: Window = None,
+    jobs: Jobs = None,
+    dry_run: DryRun = False,
+    as_json: AsJson = False,
+    summaries: Summaries = None,
+    source_format: From = None,
+    conversation: Conversation = None,
+    config: ConfigPath = None,
+    max_story_size: MaxStorySize = None,
+    debug: Debug = False,
+) -> None:
+    """Summarize STORY's scenes with your own model into STORY.ctx-summaries (the story file is
+    never written); run it again to do only what is missing or stale."""
+    from ..story.sidecar import read_sidecar
+    from ..summarize import plan_for, prompts_of, summarize
+    from ..tokens import make_counter
+
+    given = {"url": url, "model": model, "window": window, "jobs": jobs}
+    overrides = {f"summarize.{k}": (v, f"--{k}") for k, v in given.items() if v is not None}
+    settings = settings_from(config, overrides)
+    story = named(story, "STORY", "an empty path; name the story file")
+    sidecar = _sidecar(story, named(summaries, "--summaries", "an empty path; name a summaries file"))
+    count = make_counter(settings.model.tokenizer)
+    told = read_story(
+        story, source_format.value if source_format else None, (), conversation, story_bound(max_story_size), "none"
+    )
+    records = read_sidecar(sidecar) if sidecar.is_file() else []
+    prompts = prompts_of(settings.summarize, count)
+    if dry_run:
+        chosen = plan_for(told, records, prompts, settings.summarize, None)
+        _show_plan(story, sidecar, chosen, as_json)
+        return
+    io = terminal()
+    with progress(io) as phase:
+        started = time.monotonic()
+
+        def shown(p: Progress) -> None:
+            eta = f" · ETA {_duration(p.eta)}" if p.eta is not None else ""
+            phase(
+                f"{p.done}/{p.total} requests · {p.tokens_in:,} tokens in, {p.tokens_out:,} out"
+                f" · {_duration(time.monotonic() - started)}{eta}"
+            )
+
+        chosen, report = summarize(told, sidecar, records, prompts, settings.summarize, shown)
+    _show_report(story, sidecar, chosen, report, as_json)
+
+
+def _sidecar(story: str, given: str) -> Path:
+    from ..errors import UsageError
+    from ..story.sidecar import sidecar_for
+
+    if story == "-" and not given:
+        raise UsageError("STORY", None, "summarize needs the story's file (its summaries go beside it), not stdin")
+    if given == "none":
+        raise UsageError("--summaries", None, "summarize writes summaries: name a file, or leave it out")
+    path = Path(given) if given else sidecar_for(story)
+    if story != "-" and path.exists() and Path(story).exists() and path.samefile(story):
+        raise UsageError("--summaries", None, "is the story itself; the story file is never written")
+    return path
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+
+
+def _show_plan(story: str, sidecar: Path, chosen: Plan, as_json: bool) -> None:
+    requests = [
+        {
+            "kind": r.kind,
+            "start": r.span[0],
+            "end": r.span[1],
+            "prompt_tokens": r.prompt_tokens,
+            "max_tokens": r.max_tokens,
+        }
+        for r in chosen.requests
+    ]
+    facts: dict[str, Any] = {
+        "story": story,
+        "summaries": str(sidecar),
+        "window": chosen.window,
+        "window_source": chosen.window_source,
+        "usable": chosen.usable,
+        "kept": len(chosen.kept),
+        "spans": [list(s) for s in chosen.spans],
+        "requests": requests,
+    }
+    if as_json:
+        write_stdout(json.dumps(facts, ensure_ascii=False, indent=2) + "\n")
+        return
+    lines = [
+        f"{story}: {len(chosen.kept)} scenes up to date in {sidecar}; {len(chosen.spans)} to summarize, "
+        f"{len(requests)} requests, at a {chosen.window:,}-token window ({chosen.window_source}; "
+        f"{chosen.usable:,} used)"
+    ]
+    for r in chosen.requests:
+        bound = "at most " if r.kind == "history" else ""
+        lines.append(
+            f"  {r.kind:<7} messages {r.span[0]:,}–{r.span[1]:,}: {bound}{r.prompt_tokens:,} prompt tokens, "
+            f"max_tokens {r.max_tokens:,}"
+        )
+    write_stdout("\n".join(lines) + "\n")
+
+
+def _show_report(story: str, sidecar: Path, chosen: Plan, report: Report, as_json: bool) -> None:
+    if as_json:
+        write_stdout(json.dumps({"story": story, "summaries": str(sidecar), **report.facts()}, indent=2) + "\n")
+        return
+    covered = f", messages 1–{report.covered_to:,} covered" if report.covered_to else ""
+    terminal().say(
+        f"{story}: {report.summaries} scenes summarized ({report.redone} redone), {report.histories} histories, "
+        f"{report.kept} up to date · {report.requests} requests, {report.tokens_in:,} tokens in, "
+        f"{report.tokens_out:,} out, {_duration(report.seconds)} · {report.scenes} scenes in {sidecar}{covered}"
+    )

@@ -1,0 +1,245 @@
+"""The summaries file beside a story (`chat.jsonl.ctx-summaries`): scene lines that `ctx
+summarize` wrote, read back into the story and judged fresh or stale.
+
+Not `.jsonl`: SillyTavern lists every `.jsonl` of a chats folder as a chat. The story file is
+never written (SillyTavern owns its chats); the sidecar only adds scenes after the ones the
+story has. Each line is a native scene line plus `ctx`, its provenance:
+
+    {"type": "scene", "id": 4, "start": 65, "end": 95, "title": "…", "summary": "…",
+     "history": "…", "ctx": {"covers": "sha256:…", "messages": 31, "model": "…",
+     "made": "2025-01-01T12:00:00Z", "summary_sha": "sha256:…",
+     "history_from": {"scene": 3, "sha": "sha256:…"} | null}}
+
+`covers` hashes the covered messages' text, so an edited, deleted or inserted message makes
+the scene stale. A history was rolled from the history before it (`history_from`, `null`
+for none) and this scene's summary (`summary_sha`): when either changed since, the history
+is stale, and so is every history after it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import StoryError
+from ..files import read_input, utf8_text
+from .model import Scene, Story
+
+SUFFIX = ".ctx-summaries"
+
+
+def sidecar_for(story: Path | str) -> Path:
+    """Where the summaries of `story` are kept: beside it, its name plus `.ctx-summaries`."""
+    path = Path(story)
+    return path.with_name(path.name + SUFFIX)
+
+
+def sha(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def covers(story: Story, start: int, end: int) -> str:
+    """The hash of messages start..end as the story holds them now (role, name, text, card)."""
+    rows = [[m.role, m.name or "", m.content, m.card.name if m.card else None] for m in story.messages[start - 1 : end]]
+    return sha(json.dumps(rows, ensure_ascii=False))
+
+
+@dataclass(frozen=True)
+class Record:
+    """One scene line of the sidecar, as written."""
+
+    id: int | str
+    start: int
+    end: int
+    title: str
+    summary: str
+    history: str = ""
+    covers: str = ""
+    model: str = ""
+    made: str = ""
+    summary_sha: str = ""
+    history_from: dict[str, Any] | None = None
+    line: int | None = field(default=None, compare=False)
+
+    def line_text(self) -> str:
+        data: dict[str, Any] = {
+            "type": "scene",
+            "id": self.id,
+            "start": self.start,
+            "end": self.end,
+            "title": self.title,
+            "summary": self.summary,
+            "history": self.history,
+            "ctx": {
+                "covers": self.covers,
+                "messages": self.end - self.start + 1,
+                "model": self.model,
+                "made": self.made,
+                "summary_sha": self.summary_sha,
+                "history_from": self.history_from,
+            },
+        }
+        return json.dumps(data, ensure_ascii=False)
+
+
+def sidecar_text(records: Iterable[Record]) -> str:
+    return "".join(r.line_text() + "\n" for r in sorted(records, key=lambda r: r.start))
+
+
+def read_sidecar(path: Path) -> list[Record]:
+    """The records of a sidecar file, read bounded through `files` (an input of the run);
+    errors name the file and the line."""
+    text = utf8_text(read_input(path, "summaries"), path)
+    records: list[Record] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            fix = "mend the line, or delete the file for ctx summarize to write again"
+            raise StoryError(path, number, f"is not JSON ({exc.msg}); {fix}") from None
+        records.append(_record(path, number, obj))
+    return sorted(records, key=lambda r: r.start)
+
+
+def _record(path: Path, number: int, obj: Any) -> Record:
+    if not isinstance(obj, dict) or obj.get("type") != "scene":
+        raise StoryError(path, number, 'expected a scene line ({"type": "scene", …})')
+    for key in ("start", "end"):
+        value = obj.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise StoryError(path, number, f'scene "{key}" must be a message number ≥ 1')
+    if obj["start"] > obj["end"]:
+        raise StoryError(path, number, f"scene is inverted: start {obj['start']} is after end {obj['end']}")
+    for key in ("title", "summary", "history"):
+        if not isinstance(obj.get(key, ""), str):
+            raise StoryError(path, number, f'scene "{key}" must be text')
+    scene_id = obj.get("id", number)
+    if isinstance(scene_id, bool) or not isinstance(scene_id, int | str):
+        raise StoryError(path, number, 'scene "id" must be a number or text')
+    given_ctx = obj.get("ctx")
+    ctx: dict[str, Any] = given_ctx if isinstance(given_ctx, dict) else {}
+    given = ctx.get("history_from")
+    return Record(
+        id=scene_id,
+        start=obj["start"],
+        end=obj["end"],
+        title=obj.get("title", ""),
+        summary=obj.get("summary", ""),
+        history=obj.get("history", ""),
+        covers=str(ctx.get("covers", "")),
+        model=str(ctx.get("model", "")),
+        made=str(ctx.get("made", "")),
+        summary_sha=str(ctx.get("summary_sha", "")),
+        history_from=given if isinstance(given, dict) else None,
+        line=number,
+    )
+
+
+@dataclass(frozen=True)
+class Judged:
+    """The sidecar's records against the story as it is now. `fresh`: records whose messages
+    are unchanged (in story order, after the story's own scenes, none overlapping);
+    `history_ok`: the starts of the fresh records whose history is up to date; `stale`:
+    records whose messages changed (or are gone); `dropped`: records overlapping the story's
+    own scenes or an earlier record."""
+
+    fresh: tuple[Record, ...] = ()
+    history_ok: frozenset[int] = frozenset()
+    stale: tuple[Record, ...] = ()
+    dropped: tuple[Record, ...] = ()
+
+    def notes(self, shown: str) -> list[str]:
+        """What a build should say on stderr about what it leaves out."""
+        said: list[str] = []
+        if self.stale:
+            which = ", ".join(f"{r.id} (messages {r.start:,}–{r.end:,})" for r in self.stale)
+            said.append(
+                f"{shown}: scene{'s' * (len(self.stale) > 1)} {which} stale: "
+                "the messages changed since they were summarized; left out (run ctx summarize to redo them)"
+            )
+        stale_histories = [r for r in self.fresh if r.history and r.start not in self.history_ok]
+        if stale_histories:
+            which = ", ".join(str(r.id) for r in stale_histories)
+            said.append(
+                f"{shown}: the histories of scene{'s' * (len(stale_histories) > 1)} {which} are stale "
+                "(rolled from summaries that changed); left out (run ctx summarize to redo them)"
+            )
+        if self.dropped:
+            which = ", ".join(f"{r.id} (messages {r.start:,}–{r.end:,})" for r in self.dropped)
+            said.append(f"{shown}: scenes {which} overlap earlier scenes; left out")
+        return said
+
+
+def history_basis(previous: Scene | Record | None) -> dict[str, Any] | None:
+    """What a history rolled after `previous` is rolled from: its scene and its history's hash
+    (None: no history before it)."""
+    if previous is None or not previous.history:
+        return None
+    ref = previous.id if isinstance(previous, Record) else previous.ref
+    return {"scene": ref, "sha": sha(previous.history)}
+
+
+def judge(story: Story, records: Sequence[Record]) -> Judged:
+    """Which records still describe the story: a record is fresh when its messages hash as
+    they did; its history is up to date when it was rolled from this summary and from the
+    history before it as that stands now (so one stale scene makes every later history stale)."""
+    n = len(story.messages)
+    after = story.scenes[-1].end if story.scenes else 0
+    previous: Scene | Record | None = story.scenes[-1] if story.scenes else None
+    chain_ok = True
+    fresh: list[Record] = []
+    stale: list[Record] = []
+    dropped: list[Record] = []
+    history_ok: set[int] = set()
+    for record in records:
+        if record.start <= after:
+            dropped.append(record)
+            continue
+        if record.end > n or covers(story, record.start, record.end) != record.covers:
+            stale.append(record)
+            chain_ok = False
+            after = record.end
+            continue
+        contiguous = previous is None or record.start == previous.end + 1
+        if (
+            chain_ok
+            and contiguous
+            and record.history
+            and record.summary_sha == sha(record.summary)
+            and record.history_from == history_basis(previous)
+        ):
+            history_ok.add(record.start)
+        else:
+            chain_ok = False
+        fresh.append(record)
+        previous, after = record, record.end
+    return Judged(tuple(fresh), frozenset(history_ok), tuple(stale), tuple(dropped))
+
+
+def with_sidecar(story: Story, records: Sequence[Record], shown: str) -> Story:
+    """The story with the sidecar's fresh scenes after its own (a stale history left out), and
+    notes saying what was left out and why."""
+    judged = judge(story, records)
+    scenes = list(story.scenes)
+    sourced = "source" in {f.name for f in fields(Scene)}
+    for record in judged.fresh:
+        extra: dict[str, Any] = {"source": "sidecar"} if sourced else {}
+        scenes.append(
+            Scene(
+                order=len(scenes) + 1,
+                start=record.start,
+                end=record.end,
+                id=record.id,
+                title=record.title,
+                summary=record.summary,
+                history=record.history if record.start in judged.history_ok else "",
+                **extra,
+            )
+        )
+    return replace(story, scenes=tuple(scenes), notes=(*story.notes, *judged.notes(shown)))

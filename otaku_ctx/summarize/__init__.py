@@ -1,0 +1,100 @@
+"""`ctx summarize`: scene summaries and histories written with the user's own model, into the
+sidecar beside the story (`story/sidecar.py`), so every long chat builds. It asks its model
+through `backend/` only, and never writes the story file."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ..backend import Backend
+from ..config import SummarizeSettings
+from ..files import write_atomic
+from ..story.model import Story
+from ..story.sidecar import Record, sidecar_text
+from ..tokens import TokenCounter
+from .prompts import Prompt, load_prompt
+from .run import DEFAULT_WINDOW, Options, Plan, Planned, Progress, Prompts, Report, SummarizeError, plan, run
+from .spans import Cutting, pack
+
+__all__ = [
+    "DEFAULT_WINDOW",
+    "Cutting",
+    "Options",
+    "Plan",
+    "Planned",
+    "Progress",
+    "Prompt",
+    "Prompts",
+    "Report",
+    "SummarizeError",
+    "backend_of",
+    "load_prompt",
+    "options_of",
+    "pack",
+    "plan",
+    "plan_for",
+    "prompts_of",
+    "run",
+    "summarize",
+]
+
+
+def options_of(s: SummarizeSettings, jobs: int | None = None) -> Options:
+    return Options(
+        cutting=Cutting(s.settle, s.min_chars, s.min_messages),
+        summary_words=s.summary_words,
+        history_words=s.history_words,
+        jobs=jobs or s.jobs,
+        temperature=s.temperature,
+        repeat_penalty=s.repeat_penalty,
+        attempts=s.attempts,
+    )
+
+
+def prompts_of(s: SummarizeSettings, count: TokenCounter, jobs: int | None = None) -> Prompts:
+    summary, history = load_prompt("summary", s.summary_prompt), load_prompt("history", s.history_prompt)
+    return Prompts(summary, history, options_of(s, jobs), count)
+
+
+def backend_of(s: SummarizeSettings) -> Backend:
+    from ..errors import ConfigError
+
+    if not s.url:
+        raise ConfigError("summarize.url", None, "no model server named; pass --url (e.g. http://127.0.0.1:8080/v1)")
+    if not s.model:
+        raise ConfigError("summarize.model", None, "no model named; pass --model (the server's name for it)")
+    return Backend(
+        s.url, s.model, api_key_env=s.api_key_env or None, timeout=s.timeout, connect_timeout=s.connect_timeout
+    )
+
+
+def plan_for(
+    story: Story, records: list[Record], prompts: Prompts, s: SummarizeSettings, backend: Backend | None
+) -> Plan:
+    """The plan at the summarizer's window: `window` when set, else the server's (asked only
+    when a backend is given: a dry run contacts nobody), else `DEFAULT_WINDOW`."""
+    if s.window:
+        return plan(story, records, prompts, s.window, "--window or [summarize] window")
+    told = backend.window() if backend is not None else None
+    if told:
+        return plan(story, records, prompts, told, "as the server says")
+    return plan(story, records, prompts, DEFAULT_WINDOW, "the default: the server did not say")
+
+
+def summarize(
+    story: Story,
+    sidecar: Path,
+    records: list[Record],
+    prompts: Prompts,
+    s: SummarizeSettings,
+    on_progress: Callable[[Progress], None] = lambda p: None,
+) -> tuple[Plan, Report]:
+    """Summarize what the sidecar lacks, committing each finished scene to it atomically."""
+    backend = backend_of(s)
+    chosen = plan_for(story, records, prompts, s, backend)
+
+    def save(done: list[Record]) -> None:
+        write_atomic(sidecar, sidecar_text(done))
+
+    return chosen, run(chosen, backend, prompts, save, on_progress=on_progress)

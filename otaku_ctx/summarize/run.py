@@ -1,0 +1,457 @@
+"""`ctx summarize`'s core: plan what is missing or stale, ask the model for it, and commit
+each finished scene to the sidecar (atomically) before the next request starts.
+
+The plan: the sidecar's fresh scenes are kept; a stale one is redone over the same messages;
+what no scene covers yet, up to the newest `settle` messages, is cut as otaku cuts it, then
+cut smaller until each request fits the summarizer's window (counted with ctx's own counter,
+with `SPARE` of the window left for the model's tokenizer counting differently). Summaries
+first (`jobs` at once), then each history in story order, rolled from the history before it
+and the scene's summary, so no prompt grows with the story."""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from ..backend import Backend, ContextTooLong, FormatRefused
+from ..errors import OtakuError
+from ..story.model import Scene, Story
+from ..story.sidecar import Record, covers, history_basis, judge, sha
+from ..tokens import TokenCounter
+from .prompts import Prompt
+from .replies import field_of
+from .spans import Cutting, Span, fitted, pack
+
+DEFAULT_WINDOW = 8192  # when neither --window, the config nor the server says
+SPARE = 0.15  # of the window, kept free: the model's tokenizer may count more than ctx's
+PER_MESSAGE = 8  # tokens a chat template adds around each message, about
+TOKENS_PER_WORD = 2  # max_tokens asked per word wanted: room for any language, and the JSON
+
+
+class SummarizeError(OtakuError):
+    """A scene could not be summarized: one line saying which and what to do (exit 1)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `[summarize]` and the flags decided, for one run."""
+
+    cutting: Cutting = Cutting()
+    summary_words: int = 400
+    history_words: int = 200
+    jobs: int = 1
+    temperature: float = 0.2
+    repeat_penalty: float = 0.0
+    attempts: int = 3
+
+    @property
+    def summary_tokens(self) -> int:
+        return self.summary_words * TOKENS_PER_WORD + 64
+
+    @property
+    def history_tokens(self) -> int:
+        return self.history_words * TOKENS_PER_WORD + 32
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One request the run will send: a scene's summary, or a history (`prompt_tokens` at most)."""
+
+    kind: str  # "summary" | "history"
+    span: Span
+    prompt_tokens: int
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    story: Story
+    kept: tuple[Record, ...]  # sidecar scenes whose summaries stand
+    spans: tuple[Span, ...]  # scenes to summarize (new, or stale ones redone)
+    histories_from: int | None  # the start of the first scene whose history is (re)rolled
+    window: int
+    window_source: str
+    requests: tuple[Planned, ...]
+    redone: int = 0  # of `spans`, how many redo a stale scene
+
+    @property
+    def usable(self) -> int:
+        return usable_tokens(self.window)
+
+
+def usable_tokens(window: int) -> int:
+    return math.floor(window * (1 - SPARE))
+
+
+def scene_text(story: Story, span: Span) -> str:
+    """The scene as the prompt shows it: `[n] Name: text`, a card as the character joining."""
+    lines = []
+    for m in story.messages[span[0] - 1 : span[1]]:
+        if m.card is not None:
+            lines.append(f"[{m.number}] ({m.card.name} joins the story.)")
+            continue
+        speaker = m.name or {"user": "User", "assistant": "Character", "system": "Narration"}[m.role]
+        lines.append(f"[{m.number}] {speaker}: {m.content}")
+    return "\n".join(lines)
+
+
+class Prompts:
+    """The two prompts and how to count what they send."""
+
+    def __init__(self, summary: Prompt, history: Prompt, options: Options, count: TokenCounter) -> None:
+        self.summary, self.history, self.options, self.count = summary, history, options, count
+
+    def tokens(self, messages: list[dict[str, str]]) -> int:
+        return sum(self.count(m["content"]) + PER_MESSAGE for m in messages)
+
+    def summary_messages(self, story: Story, span: Span) -> list[dict[str, str]]:
+        values = {"scene": scene_text(story, span), "summary_words": str(self.options.summary_words)}
+        return self.summary.messages(values)
+
+    def history_messages(self, history: str, summary: str, title: str) -> list[dict[str, str]]:
+        values = {
+            "history": history or "(nothing yet)",
+            "summary": summary,
+            "title": title,
+            "history_words": str(self.options.history_words),
+        }
+        return self.history.messages(values)
+
+
+def plan(story: Story, records: list[Record], prompts: Prompts, window: int, window_source: str) -> Plan:
+    """What this run will do, and every request it will send, without sending one."""
+    options, cutting = prompts.options, prompts.options.cutting
+    usable = usable_tokens(window)
+    judged = judge(story, records)
+    fresh = {r.start: r for r in judged.fresh}
+    stale = {r.start: r for r in judged.stale}
+    n = len(story.messages)
+    limit = n - cutting.settle
+    cursor = story.scenes[-1].end if story.scenes else 0
+    kept: list[Record] = []
+    wanted: list[Span] = []
+    redone = 0
+
+    def cut(first: int, last: int, *, alone: bool) -> None:
+        if first <= last:
+            wanted.extend(pack(story.messages[first - 1 : last], cutting, leftover_alone=alone))
+
+    for start in sorted({*fresh, *stale}):
+        record = fresh.get(start) or stale[start]
+        if record.start <= cursor or (start in stale and (record.end > limit or record.end > n)):
+            continue
+        cut(cursor + 1, record.start - 1, alone=True)
+        if start in fresh:
+            kept.append(record)
+        else:
+            wanted.append((record.start, record.end))
+            redone += 1
+        cursor = record.end
+    cut(cursor + 1, limit, alone=False)
+
+    def fits(span: Span) -> bool:
+        return prompts.tokens(prompts.summary_messages(story, span)) + options.summary_tokens <= usable
+
+    spans: list[Span] = []
+    for span in wanted:
+        for piece in fitted(span, fits):
+            if not fits(piece):
+                need = prompts.tokens(prompts.summary_messages(story, piece)) + options.summary_tokens
+                raise SummarizeError(
+                    f"message {piece[0]:,} alone needs {need:,} tokens to summarize, more than the "
+                    f"{usable:,} of the summarizer's {window:,}-token window ctx uses ({window_source}); "
+                    "use a model with a larger context (--window), or lower summary_words"
+                )
+            spans.append(piece)
+    # histories: from the first scene that is new, redone, or whose history is stale
+    after = [*kept, *(Record(0, a, b, "", "") for a, b in spans)]
+    after.sort(key=lambda r: r.start)
+    new_starts = {a for a, _ in spans}
+    histories_from = next((r.start for r in after if r.start in new_starts or r.start not in judged.history_ok), None)
+    requests = [
+        Planned("summary", s, prompts.tokens(prompts.summary_messages(story, s)), options.summary_tokens) for s in spans
+    ]
+    empty = prompts.tokens(prompts.history_messages("", "", ""))
+    at_most = empty + options.history_tokens + options.summary_tokens
+    if requests and at_most > usable and histories_from is not None:
+        raise SummarizeError(
+            f"a history's request needs up to {at_most:,} tokens, more than the {usable:,} of the "
+            f"summarizer's {window:,}-token window ctx uses ({window_source}); lower summary_words and history_words"
+        )
+    for index, r in enumerate(after):
+        if histories_from is None or r.start < histories_from:
+            continue
+        first = index == 0 and not story.scenes
+        if not first:  # the first history of a story is its first summary, asked of nobody
+            requests.append(Planned("history", (r.start, r.end), at_most, options.history_tokens))
+    return Plan(story, tuple(kept), tuple(spans), histories_from, window, window_source, tuple(requests), redone)
+
+
+@dataclass
+class Progress:
+    """Where a run is, for the progress bar."""
+
+    done: int = 0
+    total: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    requests: int = 0
+    started: float = field(default_factory=time.monotonic)
+    phase: str = ""
+
+    @property
+    def eta(self) -> float | None:
+        if not self.done or self.done >= self.total:
+            return None
+        return (time.monotonic() - self.started) / self.done * (self.total - self.done)
+
+
+@dataclass(frozen=True)
+class Report:
+    summaries: int
+    histories: int
+    kept: int
+    redone: int
+    requests: int
+    tokens_in: int
+    tokens_out: int
+    seconds: float
+    scenes: int  # in the sidecar now
+    covered_to: int  # the last message a scene covers (0: none)
+
+    def facts(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Asker:
+    """Asks the model for one field of a JSON reply: `response_format` json_schema first, then
+    json_object when the server refuses it, then plain instructions; a reply with no usable text
+    is asked again, up to `attempts` times, then reported."""
+
+    MODES = ("json_schema", "json_object", "plain")
+
+    def __init__(self, backend: Backend, options: Options, progress: Progress) -> None:
+        self.backend, self.options, self.progress = backend, options, progress
+        self.mode = 0
+        self.lock = threading.Lock()
+
+    def _format(self, name: str, words: int) -> Mapping[str, Any] | None:
+        schema = {
+            "type": "object",
+            "properties": {name: {"type": "string", "minLength": 1, "maxLength": words * 12}},
+            "required": [name],
+        }
+        if name == "summary":
+            schema["properties"] = {"title": {"type": "string", "maxLength": 120}, **schema["properties"]}  # type: ignore[dict-item]
+            schema["required"] = ["title", "summary"]
+        mode = self.MODES[self.mode]
+        if mode == "json_schema":
+            return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+        if mode == "json_object":
+            return {"type": "json_object", "schema": schema}
+        return None
+
+    def ask(self, messages: list[dict[str, str]], name: str, words: int, max_tokens: int, what: str) -> tuple[str, str]:
+        """(the usable text of field `name`, the reply's title when it has one)."""
+        extra = {"repeat_penalty": self.options.repeat_penalty} if self.options.repeat_penalty > 0 else None
+        last = ""
+        tries = 0
+        while tries < self.options.attempts:
+            response_format = self._format(name, words)
+            try:
+                reply = self.backend.chat(
+                    messages,
+                    max_tokens=max_tokens,
+                    temperature=self.options.temperature,
+                    response_format=response_format,
+                    extra=extra,
+                )
+            except FormatRefused:
+                with self.lock:
+                    if self.mode < len(self.MODES) - 1 and self.MODES[self.mode] != "plain":
+                        self.mode += 1
+                continue
+            tries += 1
+            with self.lock:
+                self.progress.requests += 1
+                self.progress.tokens_in += reply.prompt_tokens or 0
+                self.progress.tokens_out += reply.completion_tokens or 0
+            text = field_of(reply.text, name)
+            if text:
+                from .replies import json_object
+
+                found = json_object(reply.text) or {}
+                title = found.get("title")
+                return text, title.strip() if isinstance(title, str) else ""
+            last = " ".join(reply.text.split())[:80]
+        raise SummarizeError(
+            f"{self.backend.url}: {what}: {tries} replies held no usable {name} (the last: {last!r}); "
+            "run again, or try another model"
+        )
+
+
+Save = Callable[[list[Record]], None]
+
+
+def run(
+    plan: Plan,
+    backend: Backend,
+    prompts: Prompts,
+    save: Save,
+    progress: Progress | None = None,
+    on_progress: Callable[[Progress], None] = lambda p: None,
+) -> Report:
+    """Do the plan: each finished scene is handed to `save` (the whole sidecar, rewritten
+    atomically) before the next request starts."""
+    story, options = plan.story, prompts.options
+    progress = progress or Progress()
+    progress.total = len(plan.requests)
+    asker = Asker(backend, options, progress)
+    records: dict[int, Record] = {r.start: r for r in plan.kept}
+    model = backend.model
+
+    def commit() -> None:
+        save(sorted(records.values(), key=lambda r: r.start))
+
+    def summarize(span: Span) -> Record:
+        what = f"scene of messages {span[0]:,}–{span[1]:,}"
+        summary, title = asker.ask(
+            prompts.summary_messages(story, span), "summary", options.summary_words, options.summary_tokens, what
+        )
+        return Record(
+            id=0,
+            start=span[0],
+            end=span[1],
+            title=title or f"Messages {span[0]:,}–{span[1]:,}",
+            summary=summary,
+            covers=covers(story, *span),
+            model=model,
+            made=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            summary_sha=sha(summary),
+        )
+
+    started = time.monotonic()
+    summaries = _summaries(plan, summarize, records, commit, options.jobs, progress, on_progress, prompts)
+    histories = _histories(plan, records, asker, prompts, commit, progress, on_progress)
+    ordered = sorted(records.values(), key=lambda r: r.start)
+    return Report(
+        summaries=summaries,
+        histories=histories,
+        kept=len(plan.kept),
+        redone=plan.redone,
+        requests=progress.requests,
+        tokens_in=progress.tokens_in,
+        tokens_out=progress.tokens_out,
+        seconds=round(time.monotonic() - started, 3),
+        scenes=len(ordered),
+        covered_to=ordered[-1].end if ordered else (story.scenes[-1].end if story.scenes else 0),
+    )
+
+
+def _numbered(story: Story, records: dict[int, Record]) -> None:
+    """Give the sidecar's scenes their ids: their place among all the story's scenes."""
+    base = len(story.scenes)
+    for number, start in enumerate(sorted(records), base + 1):
+        records[start] = replace(records[start], id=number)
+
+
+def _summaries(
+    plan: Plan,
+    summarize: Callable[[Span], Record],
+    records: dict[int, Record],
+    commit: Callable[[], None],
+    jobs: int,
+    progress: Progress,
+    on_progress: Callable[[Progress], None],
+    prompts: Prompts,
+) -> int:
+    """The scenes' summaries, `jobs` requests at once; each one committed as it finishes, and
+    only then is the next request handed out. A span the server finds too long is cut in two."""
+    pending: deque[Span] = deque(plan.spans)
+    jobs_q: queue.Queue[Span | None] = queue.Queue()
+    results: queue.Queue[tuple[Span, Record | BaseException]] = queue.Queue()
+
+    def worker() -> None:
+        while (span := jobs_q.get()) is not None:
+            try:
+                results.put((span, summarize(span)))
+            except BaseException as error:  # noqa: BLE001 - handed to the main thread
+                results.put((span, error))
+
+    workers = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, min(jobs, len(pending))))]
+    for each in workers:
+        each.start()
+    done = in_flight = 0
+    try:
+        while pending or in_flight:
+            while pending and in_flight < len(workers):
+                jobs_q.put(pending.popleft())
+                in_flight += 1
+            progress.phase = f"summarizing scenes ({in_flight} asked)"
+            on_progress(progress)
+            span, outcome = results.get()
+            in_flight -= 1
+            if isinstance(outcome, ContextTooLong) and span[0] < span[1]:
+                middle = (span[0] + span[1]) // 2
+                pending.extendleft([(middle + 1, span[1]), (span[0], middle)])
+                progress.total += 1
+                continue
+            if isinstance(outcome, BaseException):
+                raise outcome
+            records[outcome.start] = outcome
+            _numbered(plan.story, records)
+            commit()
+            done += 1
+            progress.done += 1
+            on_progress(progress)
+    finally:
+        for _ in workers:
+            jobs_q.put(None)
+    return done
+
+
+def _histories(
+    plan: Plan,
+    records: dict[int, Record],
+    asker: Asker,
+    prompts: Prompts,
+    commit: Callable[[], None],
+    progress: Progress,
+    on_progress: Callable[[Progress], None],
+) -> int:
+    """Each history from the first stale one on, in story order: the previous history and this
+    scene's summary rolled into the new story so far (the first of a story is its summary)."""
+    if plan.histories_from is None:
+        return 0
+    story, options = plan.story, prompts.options
+    previous: Scene | Record | None = story.scenes[-1] if story.scenes else None
+    rolled = 0
+    for start in sorted(records):
+        record = records[start]
+        if start < plan.histories_from:
+            previous = record
+            continue
+        if previous is None:
+            history = record.summary
+        else:
+            earlier = previous.history or "\n\n".join(s.summary for s in story.scenes if s.summary)
+            messages = prompts.history_messages(earlier, record.summary, record.title)
+            what = f"the history through messages {record.start:,}–{record.end:,}"
+            progress.phase = f"rolling {what}"
+            on_progress(progress)
+            history, _ = asker.ask(messages, "history", options.history_words, options.history_tokens, what)
+            progress.done += 1
+        record = replace(record, history=history, history_from=history_basis(previous), summary_sha=sha(record.summary))
+        records[start] = record
+        commit()
+        rolled += 1
+        previous = record
+        on_progress(progress)
+    return rolled

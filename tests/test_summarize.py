@@ -1,0 +1,336 @@
+"""`ctx summarize` against a stand-in model server of the tests' own (loopback, port 0, in a
+thread) that answers like a chat-completions server and logs every request: the 1,000-message
+SillyTavern chat refused before and built after, interruption (SIGKILL mid-run), staleness
+after an edit, the format fallbacks, chatty and unusable replies. The real server's tests are
+in tests/realserver/test_summarize_real.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otaku_ctx.cli.app import main
+from otaku_ctx.cli.terminal import Terminal
+from otaku_ctx.story.sidecar import read_sidecar, sidecar_for
+from otaku_ctx.summarize import Cutting, pack
+from otaku_ctx.summarize.replies import field_of, json_object
+
+REPO = Path(__file__).resolve().parents[1]
+FIRST = re.compile(r"^\[(\d+)\] ", re.MULTILINE)
+
+
+class StandIn(ThreadingHTTPServer):
+    """Answers /v1/chat/completions with a short summary or history naming what it was asked;
+    logs (kind, first message number) for every chat request."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.log: list[tuple[str, int]] = []
+        self.bodies: list[dict[str, Any]] = []
+        self.delay = 0.0
+        self.window = 8192
+        self.refuse_schema = False
+        self.refused = 0
+        self.replies: list[str] = []  # scripted reply texts, used first
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: StandIn
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _send(self, status: int, data: object) -> None:
+        body = json.dumps(data).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        if self.path == "/props":
+            self._send(200, {"default_generation_settings": {"n_ctx": self.server.window}})
+        else:
+            self._send(404, {"error": {"message": "no such endpoint"}})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        if not self.path.endswith("/chat/completions"):
+            self._send(404, {"error": {"message": "no such endpoint"}})
+            return
+        form = body.get("response_format") or {}
+        if self.server.refuse_schema and form.get("type") == "json_schema":
+            self.server.refused += 1
+            self._send(400, {"error": {"message": "response_format json_schema is not supported"}})
+            return
+        prompt = body["messages"][-1]["content"]
+        kind = "history" if "story so far" in prompt.lower() and "The scene:" not in prompt else "summary"
+        numbers = [int(n) for n in FIRST.findall(prompt)]
+        with self.server.lock:
+            self.server.bodies.append(body)
+            scripted = self.server.replies.pop(0) if self.server.replies else None
+        time.sleep(self.server.delay)
+        if scripted is not None:
+            text = scripted
+        elif kind == "summary":
+            a, b = numbers[0], numbers[-1]
+            text = json.dumps({"title": f"Scene {a}", "summary": f"In messages {a} to {b} the keeper and Mara talk."})
+        else:
+            text = json.dumps({"history": "So far the keeper and Mara have talked through many scenes."})
+        with self.server.lock:
+            self.server.log.append((kind, numbers[0] if kind == "summary" else 0))
+        self._send(
+            200,
+            {
+                "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(text) // 4},
+            },
+        )
+
+
+@pytest.fixture
+def server() -> Iterator[StandIn]:
+    stand_in = StandIn()
+    thread = threading.Thread(target=stand_in.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield stand_in
+    finally:
+        stand_in.shutdown()
+        stand_in.server_close()
+
+
+def sillytavern_chat(path: Path, n: int, chars: int = 250) -> Path:
+    """A SillyTavern chat of `n` rows with no summaries, each about `chars` characters."""
+    header = {"user_name": "Mara", "character_name": "Keeper", "create_date": "2025-01-01", "chat_metadata": {}}
+    lines = [json.dumps(header)]
+    for i in range(1, n + 1):
+        words = f"Row {i}: the lamp turns and the tide comes in over the rocks below the tower. "
+        text = (words * (chars // len(words) + 1))[:chars]
+        lines.append(json.dumps({"name": "Mara" if i % 2 else "Keeper", "is_user": bool(i % 2), "mes": text}))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    from io import BytesIO, StringIO
+
+    out, err = BytesIO(), StringIO()
+    io = Terminal(stdin=BytesIO(), stdout=out, stderr=err)
+    code = main(list(argv), io)
+    return code, out.getvalue().decode(), err.getvalue()
+
+
+def summarize(story: Path, server: StandIn, *more: str) -> tuple[int, str, str]:
+    return run("summarize", str(story), "--url", server.url, "--model", "stand-in", *more)
+
+
+# -- the 1,000-message chat -------------------------------------------------------------------
+
+
+def test_a_long_chat_refused_before_builds_after(tmp_path: Path, server: StandIn) -> None:
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 1000)
+    before = chat.read_bytes()
+    code, _, err = run("build", str(chat), "--window", "8192")
+    assert code == 3 and "refused" in err
+    code, out, err = summarize(chat, server)
+    assert code == 0, err
+    records = read_sidecar(sidecar_for(chat))
+    summaries = [entry for entry in server.log if entry[0] == "summary"]
+    histories = [entry for entry in server.log if entry[0] == "history"]
+    assert len(summaries) == len(records) and len(histories) == len(records) - 1  # the first history is free
+    assert records[0].start == 1 and records[-1].end == 1000 - 20  # the newest 20 settle
+    assert all(b.start == a.end + 1 for a, b in zip(records, records[1:], strict=False))
+    assert all(r.end - r.start + 1 >= 20 for r in records)
+    code, data, err = run("inspect", str(chat), "--window", "8192", "--json")
+    assert code == 0, err
+    facts = json.loads(data)
+    assert facts["case"] in (3, 4, 5) and facts["tokens"] <= facts["limit"]
+    code, prompt, err = run("build", str(chat), "--window", "8192")
+    assert code == 0, err
+    assert chat.read_bytes() == before  # the story file is never written
+    # every message accounted for: verbatim in the prompt, or inside a summarized scene or history
+    last_verbatim = max(int(n) for n in re.findall(r"Row (\d+):", prompt))
+    assert last_verbatim == 1000 and "Row 1:" in prompt
+    # a second run asks nothing
+    asked = len(server.log)
+    code, _, err = summarize(chat, server)
+    assert code == 0 and len(server.log) == asked, err
+    assert "0 scenes summarized" in err
+
+
+def test_dry_run_lists_the_requests_and_contacts_nobody(tmp_path: Path) -> None:
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 300)
+    code, out, err = run(
+        "summarize", str(chat), "--url", "http://127.0.0.1:9/v1", "--model", "m", "--dry-run", "--json"
+    )
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["window"] == 8192 and plan["requests"][0]["kind"] == "summary"
+    assert all(r["prompt_tokens"] + r["max_tokens"] <= plan["usable"] for r in plan["requests"])
+    assert not sidecar_for(chat).exists()
+
+
+def test_a_small_window_cuts_scenes_smaller_never_truncated(tmp_path: Path, server: StandIn) -> None:
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 200)
+    code, _, err = summarize(chat, server, "--window", "2500")
+    assert code == 0, err
+    for body in server.bodies:
+        assert len(body["messages"][-1]["content"]) // 4 + body["max_tokens"] < 2500
+    records = read_sidecar(sidecar_for(chat))
+    assert any(r.end - r.start + 1 < 20 for r in records)  # cut below min_messages to fit
+
+
+# -- interruption -----------------------------------------------------------------------------
+
+
+def test_sigkill_mid_run_keeps_every_finished_scene_and_a_rerun_asks_none_again(
+    tmp_path: Path, server: StandIn
+) -> None:
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 400)
+    sidecar = sidecar_for(chat)
+    server.delay = 0.15
+    env = {**os.environ, "OTAKU_HOME": str(tmp_path / "home")}
+    command = [sys.executable, "-m", "otaku_ctx", "summarize", str(chat), "--url", server.url, "--model", "m"]
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (not sidecar.exists() or len(read_lines(sidecar)) < 3):
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait(10)
+    finished = read_sidecar(sidecar)  # valid JSON lines: never torn
+    assert len(finished) >= 3
+    done_before = {r.start for r in finished}
+    asked_before = len(server.log)
+    server.delay = 0.0
+    code, _, err = summarize(chat, server)
+    assert code == 0, err
+    again = [start for kind, start in server.log[asked_before:] if kind == "summary"]
+    assert not done_before & set(again)  # no finished scene asked twice
+    everything = read_sidecar(sidecar)
+    assert everything[-1].end == 380 and all(r.history for r in everything)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def read_lines(path: Path) -> list[str]:
+    try:
+        return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+# -- staleness --------------------------------------------------------------------------------
+
+
+def test_editing_one_early_message_makes_that_scene_and_later_histories_stale(tmp_path: Path, server: StandIn) -> None:
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 300)
+    assert summarize(chat, server)[0] == 0
+    records = read_sidecar(sidecar_for(chat))
+    second = records[1]
+    lines = chat.read_text(encoding="utf-8").splitlines()
+    row = json.loads(lines[second.start + 1])  # a message inside scene 2 (line 1 is the header)
+    row["mes"] = row["mes"].replace("lamp", "lantern")
+    lines[second.start + 1] = json.dumps(row)
+    chat.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    code, _, err = run("build", str(chat), "--window", "8192")
+    assert f"scene {second.id} (messages {second.start:,}–{second.end:,}) stale" in err
+    assert "histories of scenes" in err
+    code, _, err = run("validate", str(chat))
+    assert code == 0 and "stale" in err
+    asked = len(server.log)
+    assert summarize(chat, server)[0] == 0
+    redone = server.log[asked:]
+    assert [entry for entry in redone if entry[0] == "summary"] == [("summary", second.start)]
+    assert len([entry for entry in redone if entry[0] == "history"]) == len(records) - 1  # scene 2 on
+    code, _, err = run("build", str(chat), "--window", "8192")
+    assert code == 0 and "stale" not in err
+
+
+# -- replies and formats ----------------------------------------------------------------------
+
+
+def test_a_server_that_refuses_json_schema_gets_json_object(tmp_path: Path, server: StandIn) -> None:
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 120)
+    server.refuse_schema = True
+    code, _, err = summarize(chat, server)
+    assert code == 0, err
+    kinds = [(b.get("response_format") or {}).get("type") for b in server.bodies]
+    assert server.refused == 1 and set(kinds) == {"json_object"}  # asked once, then remembered
+
+
+def test_an_unusable_reply_is_asked_again_then_reported(tmp_path: Path, server: StandIn) -> None:
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 120)
+    server.replies = ['{"title": "x", "summary": ""}', "{}", "{"]
+    code, _, err = summarize(chat, server)
+    assert code == 1 and len(server.bodies) == 3
+    assert err.count("\n") == 1 and server.url in err and "no usable summary" in err
+    assert not sidecar_for(chat).exists()  # nothing empty or garbage written
+
+
+def test_the_server_unreachable_is_one_line_with_the_url(tmp_path: Path) -> None:
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 120)
+    code, _, err = run("summarize", str(chat), "--url", "http://127.0.0.1:9/v1", "--model", "m", "--window", "8192")
+    assert code == 1 and err.count("\n") == 1 and "127.0.0.1:9" in err
+
+
+@pytest.mark.parametrize(
+    ("reply", "summary"),
+    [
+        ('Sure! Here it is:\n```json\n{"title": "T", "summary": "Mara climbs the tower stairs."}\n```', "Mara climbs"),
+        ("{“title”: “T”, “summary”: “Mara climbs the tower stairs.”}", "Mara climbs"),
+        ('{"title": "T", "summary": "Mara climbs the tower stairs and', "Mara climbs"),
+        ("Mara climbs the tower stairs at dusk.", "Mara climbs"),
+        ('{"title": "T"}', None),
+        ('{"summary": "ok"}', None),
+    ],
+)
+def test_chatty_and_broken_replies(reply: str, summary: str | None) -> None:
+    found = field_of(reply, "summary")
+    if summary is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(summary)
+
+
+def test_json_object_finds_the_first_object() -> None:
+    assert json_object('noise {"a": 1} more {"b": 2}') == {"a": 1}
+
+
+def test_pack_is_otakus_rule() -> None:
+    from otaku_ctx.story.model import Message
+
+    messages = [Message(i, "user", "x" * 100) for i in range(1, 46)]
+    assert pack(messages, Cutting(0, 1000, 20)) == [(1, 20), (21, 45)]  # the short leftover joins
+    assert pack(messages[:10], Cutting(0, 1000, 20)) == []  # too little yet
+
+
+def test_a_prompt_without_its_placeholder_is_a_one_line_error(tmp_path: Path) -> None:
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 120)
+    prompt = tmp_path / "mine.md"
+    prompt.write_text("Summarize this in {summary_words} words.\n", encoding="utf-8")
+    config = tmp_path / "config.toml"
+    config.write_text(f'[summarize]\nsummary_prompt = "{prompt}"\n', encoding="utf-8")
+    code, _, err = run(
+        "summarize", str(chat), "--url", "http://127.0.0.1:9/v1", "--model", "m", "--config", str(config)
+    )
+    assert code == 1 and err.count("\n") == 1 and "{scene}" in err
