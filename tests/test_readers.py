@@ -205,6 +205,97 @@ def test_sillytavern_is_user_as_text_is_an_error(tmp_path: Path) -> None:
     assert '"is_user" must be true or false' in error.message
 
 
+# -- SillyTavern's Summarize memory (`extra.memory`) -----------------------------------------
+
+MEMORY_CHAT = FIXTURES / "sillytavern" / "summarize-memory-chat.jsonl"
+
+
+def st_chat(tmp_path: Path, rows: list[dict], header: bool = True) -> Path:
+    """A SillyTavern chat of `rows` (each a partial row: name/mes, with `is_user`, `is_system`,
+    `extra` as given), saved as `saveChat` writes it."""
+    lines = [{"user_name": "Wren", "character_name": "Seraphina", "create_date": "2026-11-09@21h12m40s",
+              "chat_metadata": {}}] if header else []  # fmt: skip
+    for number, row in enumerate(rows, 1):
+        name = "Wren" if row.get("is_user") else "Seraphina"
+        lines.append({"name": name, "is_user": False, "is_system": False, "send_date": "", "mes": f"m{number}",
+                      "extra": {}} | row)  # fmt: skip
+    return write(tmp_path / "chat.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_sillytavern_memory_is_scene_1_through_the_message_that_holds_it() -> None:
+    """The newest memory (row 33, line 34, after 32 messages the AI sees: one row is hidden)
+    is scene 1, messages 1–32, its summary and its history; the stale one on row 19 is not read."""
+    rows = [json.loads(line) for line in MEMORY_CHAT.read_text(encoding="utf-8").splitlines()]
+    memories = [(n, r["extra"]["memory"]) for n, r in enumerate(rows, 1) if "memory" in r.get("extra", {})]
+    assert [n for n, _ in memories] == [20, 34]
+    story = read_story(MEMORY_CHAT)
+    assert (story.source_format, len(story), story.hidden) == ("sillytavern", 48, 1)
+    (scene,) = story.scenes
+    newest = memories[-1][1]
+    assert (scene.ref, scene.start, scene.end, scene.line) == (1, 1, 32, 34)
+    assert scene.summary == scene.history == newest
+    assert scene.source == "sillytavern memory"
+    assert story.message(32).line == 34  # the row that holds it
+
+
+def test_sillytavern_memory_of_the_last_row_is_not_read(tmp_path: Path) -> None:
+    """`getLatestMemoryFromChat` skips the chat's last row (a reply that may be regenerated):
+    the memory before it is the one SillyTavern sends."""
+    rows = [{}, {"extra": {"memory": "older"}}, {}, {"extra": {"memory": "on the last row"}}]
+    (scene,) = read_story(st_chat(tmp_path, rows)).scenes
+    assert (scene.end, scene.summary) == (2, "older")
+    assert read_story(st_chat(tmp_path, [{}, {"extra": {"memory": "only on the last row"}}])).scenes == ()
+
+
+def test_sillytavern_memory_takes_javascripts_truthy_values(tmp_path: Path) -> None:
+    """A falsy memory ("", null, false, 0) is no memory: the older one is used, as the
+    extension's `if (mes.extra.memory)` does; a blank one is the newest, and says nothing."""
+    for falsy in ("", None, False, 0):
+        rows = [{"extra": {"memory": "kept"}}, {"extra": {"memory": falsy}}, {}]
+        (scene,) = read_story(st_chat(tmp_path, rows)).scenes
+        assert (scene.end, scene.summary) == (1, "kept")
+    rows = [{"extra": {"memory": "kept"}}, {"extra": {"memory": "  \n"}}, {}]
+    assert read_story(st_chat(tmp_path, rows)).scenes == ()
+
+
+def test_sillytavern_memory_on_a_hidden_row_ends_at_the_message_before_it(tmp_path: Path) -> None:
+    rows = [{}, {"is_user": True}, {"is_system": True, "extra": {"memory": "so far"}}, {}]
+    story = read_story(st_chat(tmp_path, rows))
+    (scene,) = story.scenes
+    assert (len(story), scene.start, scene.end, scene.line) == (3, 1, 2, 4)
+    rows = [{"is_system": True, "extra": {"memory": "before any message"}}, {}, {}]
+    assert read_story(st_chat(tmp_path, rows)).scenes == ()
+
+
+def test_sillytavern_memory_is_the_rows_not_a_swipes(tmp_path: Path) -> None:
+    """A row's `extra` is its selected swipe's; `swipe_info` is never searched."""
+    swiped = {"swipes": ["a", "b"], "swipe_id": 1, "swipe_info": [{"extra": {"memory": "x"}}, {"extra": {}}]}
+    assert read_story(st_chat(tmp_path, [{}, swiped, {}])).scenes == ()
+
+
+def test_sillytavern_memory_must_be_text(tmp_path: Path) -> None:
+    path = st_chat(tmp_path, [{"extra": {"memory": {"summary": "x"}}}, {}])
+    error = raises_story_error(path, line=2)
+    assert '"extra.memory"' in error.message and "must be text" in error.message
+    # A stale memory that is not text is never read, so it is no error.
+    rows = [{"extra": {"memory": 7}}, {"extra": {"memory": "newest"}}, {}]
+    assert read_story(st_chat(tmp_path, rows)).scenes[0].summary == "newest"
+
+
+def test_headerless_sillytavern_group_chat_memory(tmp_path: Path) -> None:
+    rows = [{"is_user": True}, {"extra": {"memory": "the group so far"}}, {}]
+    (scene,) = read_story(st_chat(tmp_path, rows, header=False)).scenes
+    assert (scene.end, scene.line) == (2, 2)
+
+
+def test_scene_sources_of_the_other_readers() -> None:
+    """Scene lines of a native file and an otaku export's scenes are the story's own."""
+    assert {s.source for s in read_story(RIVER).scenes} == {"story"}
+    assert {s.source for s in read_story(FIXTURES.parent.parent / "examples" / "lighthouse-case4.jsonl").scenes} == {
+        "story"
+    }
+
+
 # -- otaku exports -------------------------------------------------------------------------
 
 

@@ -50,7 +50,10 @@ class Message:
 @dataclass(frozen=True)
 class Scene:
     """Messages `start`..`end` (inclusive). `summary` tells this scene only;
-    `history` is the story so far *through* this scene."""
+    `history` is the story so far *through* this scene. `source` says where they came from:
+    "story" (the file's own scene lines, an otaku export's scenes), "sillytavern memory" (the
+    Summarize extension's `extra.memory`), "sidecar" (`ctx summarize`'s file); provenance, not
+    content, so two scenes alike but for it are equal (a converted story reads back equal)."""
 
     order: int  # 1-based position among the scenes, by start
     start: int
@@ -60,6 +63,7 @@ class Scene:
     summary: str = ""
     history: str = ""
     line: int | None = None
+    source: str = field(default="", compare=False)
 
     @property
     def ref(self) -> int | str:

@@ -273,6 +273,7 @@ def check_scenes(b: StoryBuilder) -> list[Scene]:
             summary=obj.get("summary") or "",
             history=obj.get("history") or "",
             line=line,
+            source="story",
         )
         label = f"scene {scene.ref}"
         if scene.start > scene.end:

@@ -19,22 +19,41 @@ every later line is one row: `{"name", "is_user", "is_system", "mes", "swipes", 
 - The role is "user" when `is_user`, else "assistant"; the speaker's name is the row's.
   `is_user` and `is_system` must be JSON booleans: the text "true" is an error, never read as
   false (a hand-edited or converted file says what it means, or is refused).
+- The Summarize extension's rolling "story so far" (`public/scripts/extensions/memory/`) is
+  kept in `extra.memory` of the last message it covers; SillyTavern uses the newest one on any
+  row but the chat's last (`getLatestMemoryFromChat`), hidden rows included, and so does this
+  reader. It becomes scene 1, messages 1 to that row (a hidden row: the last message before
+  it), with the memory as both its summary and its history (source "sillytavern memory"):
+  from message 1 on, the scene's own recap and the story so far through it are one text.
+  Older memories are stale snapshots and are not read. A row's `extra` is its selected
+  swipe's (SillyTavern copies `swipe_info[swipe_id].extra` there on a swipe).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import StoryError
 from .jsonload import JSONProblem, loads
-from .model import Message, Story, StoryInfo
+from .model import Message, Scene, Story, StoryInfo
 from .native import read_lines
 
 HEADER_KEYS = ("user_name", "character_name", "chat_metadata")
 UNUSED = "unused"  # what SillyTavern 1.15+ writes for both names in a header
 NARRATOR = "narrator"
+MEMORY = "sillytavern memory"  # the source of a scene read from the Summarize extension's memory
+
+
+class Memory(NamedTuple):
+    """An `extra.memory` as found: on chat row `row` (1-based, the header not counted), file
+    line `line`, after `messages` messages the AI sees."""
+
+    row: int
+    line: int
+    messages: int
+    text: object
 
 
 def read_sillytavern(path: Path) -> Story:
@@ -43,6 +62,8 @@ def read_sillytavern(path: Path) -> Story:
     messages: list[Message] = []
     hidden = 0
     rows = 0
+    newest: Memory | None = None  # the newest memory so far, and the one before it
+    before: Memory | None = None
     for number, text in read_lines(path):
         if not text.strip():
             continue
@@ -53,19 +74,46 @@ def read_sillytavern(path: Path) -> Story:
         rows += 1
         if _flag(path, number, row, "is_system") or _is_tool_row(row):
             hidden += 1
-            continue
-        messages.append(_message(path, number, row, len(messages) + 1))
+        else:
+            messages.append(_message(path, number, row, len(messages) + 1))
+        memory = _memory(row)
+        if memory is not None:
+            newest, before = Memory(rows, number, len(messages), memory), newest
     if header is None and rows == 0:
         raise StoryError(path, 1, "the file is empty; a SillyTavern chat has a header line and one line a message")
     if not messages:
         raise StoryError(path, None, "the chat has no messages the AI can see (only the header or hidden rows)")
+    # SillyTavern never reads the memory of the chat's last row (it may be regenerated).
+    used = before if newest is not None and newest.row == rows else newest
     return Story(
         path=path,
         messages=tuple(messages),
+        scenes=_memory_scene(path, used),
         info=_info(header or {}),
         hidden=hidden,
         source_format="sillytavern",
     )
+
+
+def _memory(row: dict[str, Any]) -> object | None:
+    """The row's `extra.memory` when SillyTavern would take it (a JavaScript truthy value)."""
+    extra = row.get("extra")
+    value = extra.get("memory") if isinstance(extra, dict) else None
+    return None if value is None or value is False or value == 0 or value == "" else value
+
+
+def _memory_scene(path: Path, memory: Memory | None) -> tuple[Scene, ...]:
+    """The memory as scene 1: messages 1 to its row, summary and history alike (none when
+    blank, or on a row before any message the AI sees)."""
+    if memory is None:
+        return ()
+    if not isinstance(memory.text, str):
+        shown = json.dumps(memory.text, ensure_ascii=False)[:40]
+        raise StoryError(path, memory.line, f'"extra.memory" (the Summarize extension\'s) must be text, not {shown}')
+    if not memory.text.strip() or memory.messages == 0:
+        return ()
+    text = memory.text
+    return (Scene(order=1, start=1, end=memory.messages, summary=text, history=text, line=memory.line, source=MEMORY),)
 
 
 def _is_header(row: dict[str, Any]) -> bool:
