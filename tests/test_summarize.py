@@ -287,10 +287,19 @@ def test_an_unusable_reply_is_asked_again_then_reported(tmp_path: Path, server: 
     assert not sidecar_for(chat).exists()  # nothing empty or garbage written
 
 
-def test_the_server_unreachable_is_one_line_with_the_url(tmp_path: Path) -> None:
+def test_the_server_unreachable_is_one_line_with_the_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retried as a transport failure (the waits recorded, not slept: 1, 2 and 4 s), then one line."""
+    import functools
+
+    from otaku_ctx.backend import client
+    from otaku_ctx.backend.transport import Retry
+
+    waits: list[float] = []
+    monkeypatch.setattr(client, "Retry", functools.partial(Retry, sleep=waits.append))
     chat = sillytavern_chat(tmp_path / "chat.jsonl", 120)
     code, _, err = run("summarize", str(chat), "--url", "http://127.0.0.1:9/v1", "--model", "m", "--window", "8192")
     assert code == 1 and err.count("\n") == 1 and "127.0.0.1:9" in err
+    assert waits == [1.0, 2.0, 4.0]
 
 
 @pytest.mark.parametrize(
