@@ -63,6 +63,7 @@ def test_a_converted_chat_builds_the_same_prompts(chat: str, persona: str | None
     for template, format in itertools.product(TEMPLATES, FORMATS):
         given = {"prompt.template": (template, "--template"), "prompt.format": (format, "--format")}
         given |= {"model.window": (40_000 if chat == "otaku" else 16_384, "--window")}
+        given |= {"model.tokenizer": ("estimate", "--tokenizer")}  # the prompts are compared as text
         if persona:
             given["prompt.user"] = (persona, "--user")
         settings = load_settings(None, given)
