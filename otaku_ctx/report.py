@@ -7,8 +7,9 @@ written here, so the search stays free of prose and a view can say it differentl
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from .assemble import Assembly, Refusal, SceneRef
@@ -29,7 +30,7 @@ from .assemble.steps import (
 )
 from .build import Budget, Built
 from .lore import LoreChoice, LoreDecision, position_name, role_name
-from .story.model import LorePosition, Message
+from .story.model import LorePosition, Message, Scene, Story
 
 # ── Sentences ────────────────────────────────────────────────────────────────────────────
 
@@ -83,8 +84,8 @@ def _tried(step: Tried) -> str:
     return f"{what} — {step.tokens:,} > {step.limit:,} tokens" + (" (rendered)" if step.rendered else "")
 
 
-def describe(step: Step) -> str:
-    """One step of the search as a sentence."""
+def describe(step: Step, remedy: Remedy | None = None) -> str:
+    """One step of the search as a sentence (a refusal with its `remedy`, when it has one)."""
     match step:
         case HeadPriced():
             return (
@@ -136,12 +137,47 @@ def describe(step: Step) -> str:
                 "messages before it must change"
             )
         case Refused():
-            return "case 6: " + explain_refusal(step.refusal)
+            return "case 6: " + explain_refusal(step.refusal, remedy=remedy)
     raise TypeError(f"not a step: {step!r}")
 
 
-def explain_refusal(refusal: Refusal, raise_what: str = "the context") -> str:
-    """What happened and what would help; `raise_what` names the setting to raise."""
+@dataclass(frozen=True)
+class Remedy:
+    """What `ctx summarize` would do for a refusal: summarize messages `first`..`last`, those
+    the summaries stop short of. `story` is the story as the user named it."""
+
+    first: int
+    last: int
+    story: str | None = None
+
+    @property
+    def command(self) -> str:
+        """`ctx summarize STORY`, quoted for a shell (a story from stdin has no file to name)."""
+        if not self.story or self.story == "-":
+            return "`ctx summarize` on the story's file"
+        return f"`ctx summarize {shlex.quote(self.story)}`"
+
+
+def remedy(assembly: Assembly, story: Story, shown: str | None = None) -> Remedy | None:
+    """The remedy of a refusal that missing summaries stand in the way of, when `ctx summarize`
+    would write them: the messages from the first after the covered chain (after the head when
+    none) to the last a chain may cover at the floor (N − T − 1: message N − T stays in the
+    tail). None when they start inside the story's own scenes (its scene lines, a SillyTavern
+    memory): `ctx summarize` cuts scenes only after those, so a gap or a scene without a
+    summary there is the story's to mend."""
+    r = assembly.refusal
+    if r is None or r.limit <= 0 or not (r.missing_summaries or r.chain_stop):
+        return None
+    first = assembly.tail[0].number if assembly.tail else assembly.messages + 1
+    last = assembly.messages - assembly.tail_target - 1
+    own = max((s.end for s in story.scenes if s.source != "sidecar"), default=0)
+    return Remedy(first, last, shown) if own < first <= last else None
+
+
+def explain_refusal(refusal: Refusal, raise_what: str = "the context", remedy: Remedy | None = None) -> str:
+    """What happened and what would help; `raise_what` names the setting to raise. With a
+    `remedy`, running `ctx summarize` comes first, then the context that would fit the prompt
+    as it is."""
     if refusal.limit <= 0:
         return (
             f"nothing fits: the {refusal.reserve:,}-token reply reserve leaves no room in a context of "
@@ -150,26 +186,35 @@ def explain_refusal(refusal: Refusal, raise_what: str = "the context") -> str:
     text = (
         f"nothing fits: the smallest prompt reached is {refusal.smallest:,} tokens, but the limit is "
         f"{refusal.limit:,} ({refusal.context:,} minus a {refusal.reserve:,}-token reply reserve). "
-        f"A context of at least {refusal.needed_context:,} tokens would fit it: raise {raise_what}"
     )
+    stop = f" (the summaries stop early: {stop_reason(refusal.chain_stop)})" if refusal.chain_stop else ""
     missing = []
     if refusal.missing_summaries:
         missing.append("scenes without a summary: " + ", ".join(map(str, refusal.missing_summaries)))
     if refusal.missing_histories:
         missing.append("scenes without a history: " + ", ".join(map(str, refusal.missing_histories)))
+    if remedy is not None:
+        covered = numbers((remedy.first, remedy.last))
+        text += (
+            f"Messages {covered} are not covered by scene summaries{stop}: run {remedy.command}. "
+            f"Or a context of at least {refusal.needed_context:,} tokens would fit it as it is: raise {raise_what}"
+        )
+    else:
+        text += f"A context of at least {refusal.needed_context:,} tokens would fit it: raise {raise_what}"
     if missing:
         text += "; or fill in what stands in the way (" + "; ".join(missing) + ")"
-    elif refusal.chain_stop:
-        text += f" (the summaries stop early: {stop_reason(refusal.chain_stop)})"
+    elif remedy is None:
+        text += stop
     return text + "."
 
 
-def refusal_message(refusal: Refusal, budget: Budget) -> str:
+def refusal_message(refusal: Refusal, budget: Budget, remedy: Remedy | None = None) -> str:
     """The refusal with the setting that would help: max_context when it is what caps the
-    context, else the model's window."""
+    context, else the model's window; and `ctx summarize` first, when that would help
+    (`remedy`)."""
     capped = 0 < budget.max_context < budget.window
     what = f"max_context (now {budget.max_context:,})" if capped else f"--window (now {budget.window:,})"
-    return explain_refusal(refusal, what)
+    return explain_refusal(refusal, what, remedy)
 
 
 # ── Facts as data ────────────────────────────────────────────────────────────────────────
@@ -188,12 +233,37 @@ def _trace(step: Step) -> dict[str, Any]:
     return {"step": type(step).__name__, **data}
 
 
-def facts(built: Built, story_hidden: int = 0) -> dict[str, Any]:
+def scene_facts(scenes: Sequence[Scene], a: Assembly) -> list[dict[str, Any]]:
+    """Each scene: its range, what it has, where that came from (`source`: "story" for the
+    file's own scene lines, "sillytavern memory", "sidecar") and what the prompt uses of it."""
+    summarized = {s.order for s in a.summaries}
+    through = a.history.order if a.history else None
+    return [
+        {
+            "id": s.ref,
+            "start": s.start,
+            "end": s.end,
+            "title": s.title,
+            "summary": bool(s.summary.strip()),
+            "history": bool(s.history.strip()),
+            "source": s.source or "story",
+            "used": "history" if s.order == through else "summary" if s.order in summarized else None,
+        }
+        for s in scenes
+    ]
+
+
+def facts(built: Built, story_hidden: int = 0, story: Story | None = None, shown: str | None = None) -> dict[str, Any]:
     """Everything `inspect` knows, JSON-ready. Scene ids are the scene's `id`, else its order;
-    `names` says who {{char}} and {{user}} are and where each name came from."""
+    `names` says who {{char}} and {{user}} are and where each name came from. Given the
+    `story`, `scenes` lists all of its scenes (else those the prompt uses); `shown` is the
+    story as the user named it, for the refusal's `ctx summarize` command."""
     a: Assembly = built.assembly
     names = built.names
     history = a.history
+    used = {s.order: s for s in ([history] if history else []) + list(a.summaries)}
+    scenes = story.scenes if story is not None else [used[order] for order in sorted(used)]
+    helps = remedy(a, story, shown) if story is not None else None
     data: dict[str, Any] = {
         "case": a.case,
         "messages": a.messages,
@@ -215,7 +285,8 @@ def facts(built: Built, story_hidden: int = 0) -> dict[str, Any]:
         "tail_target": a.tail_target,
         "level": a.level,
         "sections": a.costs,
-        "steps": [describe(step) for step in a.steps],
+        "scenes": scene_facts(scenes, a),
+        "steps": [describe(step, helps) for step in a.steps],
         "trace": [_trace(step) for step in a.steps],
     }
     data["lore"] = lore_facts(built.lore)
@@ -226,7 +297,8 @@ def facts(built: Built, story_hidden: int = 0) -> dict[str, Any]:
             "needed_context": r.needed_context,
             "missing_summaries": list(r.missing_summaries),
             "missing_histories": list(r.missing_histories),
-            "message": refusal_message(r, built.budget),
+            "summarize": {"first": helps.first, "last": helps.last} if helps else None,
+            "message": refusal_message(r, built.budget, helps),
         }
     return data
 

@@ -306,3 +306,81 @@ def test_steps_are_facts():
     assert chain.scenes == (1, 2, 3) and chain.messages == (1, 64) and chain.stop.kind == "reaches_tail"
     tried = [step for step in a.steps if isinstance(step, Tried)]
     assert [(t.level, t.fits) for t in tried] == [(0, True)]
+
+
+# ── Case 6's remedy: `ctx summarize`, with the messages it would summarize (issue 17) ────
+
+
+def test_case_6_of_a_story_with_no_scenes_says_which_messages_need_summaries():
+    """1,000 messages, no scene: at the floor (50) the head is 1–20 and the tail 21–1,000
+    (9,800 + 200 = 10,000 tokens); summaries could cover 21–949 (message 950 stays)."""
+    from otaku_ctx.report import Remedy, remedy
+
+    s = story(1000)
+    a = assemble(s, SEED, 500, UnitPricer(), reserve=100)
+    assert a.case == 6 and a.refusal.smallest == 10_000
+    found = remedy(a, s, "chat.jsonl")
+    assert found == Remedy(21, 949, "chat.jsonl")
+    assert explain_refusal(a.refusal, "--window (now 600)", found) == (
+        "nothing fits: the smallest prompt reached is 10,000 tokens, but the limit is 500 (600 minus a "
+        "100-token reply reserve). Messages 21–949 are not covered by scene summaries (the summaries stop "
+        "early: no scene holds message 21 (the first after the head)): run `ctx summarize chat.jsonl`. Or a "
+        "context of at least 10,100 tokens would fit it as it is: raise --window (now 600)."
+    )
+    assert "run `ctx summarize chat.jsonl`" in describe(a.steps[-1], found)
+    assert "ctx summarize" not in describe(a.steps[-1])  # without the story, the refusal as before
+
+
+def test_case_6_remedy_starts_after_the_covered_scenes():
+    """Scene 1 (1–300) is covered, and nothing after it: `ctx summarize` cuts from 301."""
+    from otaku_ctx.report import Remedy, remedy
+
+    s = story(1000, [(1, 300)])
+    a = assemble(s, SEED, 500, UnitPricer())
+    assert a.case == 6 and a.refusal.chain_stop.kind == "no_more"
+    assert remedy(a, s) == Remedy(301, 949)
+    assert Remedy(301, 949).command == "`ctx summarize` on the story's file"
+    assert Remedy(301, 949, "-").command == "`ctx summarize` on the story's file"
+    assert Remedy(301, 949, "my chat.jsonl").command == "`ctx summarize 'my chat.jsonl'`"
+
+
+def test_case_6_remedy_across_a_stale_sidecar_scene():
+    """A stale sidecar scene is left out, so a gap opens after the story's own scenes:
+    `ctx summarize` redoes it, so the remedy stands."""
+    from dataclasses import replace
+
+    from otaku_ctx.report import Remedy, remedy
+
+    s = story(1000, [(1, 300), (401, 500)])
+    s = replace(s, scenes=(s.scenes[0], replace(s.scenes[1], source="sidecar")))
+    a = assemble(s, SEED, 500, UnitPricer())
+    assert a.refusal.chain_stop.kind == "gap"
+    assert remedy(a, s) == Remedy(301, 949)
+
+
+@pytest.mark.parametrize(
+    ("scenes", "summarized", "stop"),
+    [
+        ([(1, 100), (101, 200)], [1], "no_summary"),  # the story's scene 2 has no summary
+        ([(1, 100), (151, 200)], None, "gap"),  # messages 101–150 belong to none of its scenes
+        ([(40, 60)], None, "no_start"),  # no scene holds message 21, but one lies after it
+    ],
+)
+def test_case_6_has_no_summarize_remedy_where_the_storys_own_scenes_stand_in_the_way(scenes, summarized, stop):
+    from otaku_ctx.report import remedy
+
+    s = story(1000, scenes, summarized=summarized)
+    a = assemble(s, SEED, 500, UnitPricer())
+    assert a.case == 6 and a.refusal.chain_stop.kind == stop
+    assert remedy(a, s, "chat.jsonl") is None
+
+
+def test_case_6_has_no_remedy_when_summaries_would_not_help():
+    from otaku_ctx.report import remedy
+
+    s = story(728, [(48 * (k - 1) + 1, 48 * k) for k in range(1, 16)])  # scenes up to the tail's edge
+    a = assemble(s, SEED, 100, UnitPricer())
+    assert a.case == 6 and a.refusal.chain_stop is None and remedy(a, s) is None
+    s = story(1000)
+    a = assemble(s, SEED, -100, UnitPricer(), reserve=200)  # the reserve leaves no room at all
+    assert a.refusal.limit <= 0 and remedy(a, s) is None

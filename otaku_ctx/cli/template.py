@@ -24,7 +24,7 @@ def vars_cmd(request: Request, story: StoryArg) -> None:
     `ctx build` chooses with the same options)."""
     from ..build import template_variables
     from ..errors import ContextOverflow
-    from ..report import refusal_message
+    from ..report import refusal_message, remedy
 
     settings = request.settings()
     told = request.read_story()
@@ -34,7 +34,8 @@ def vars_cmd(request: Request, story: StoryArg) -> None:
     refusal = built.assembly.refusal
     if variables is None or refusal is not None:
         assert refusal is not None  # template_variables gives no variables only for a refusal
-        raise ContextOverflow(built.assembly, f"{story}: {refusal_message(refusal, built.budget)}")
+        a = built.assembly
+        raise ContextOverflow(a, f"{story}: {refusal_message(refusal, built.budget, remedy(a, told, story))}")
     write_stdout(json.dumps(variables, ensure_ascii=False, indent=2) + "\n")
 
 

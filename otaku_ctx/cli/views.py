@@ -39,6 +39,31 @@ def _ids(ids: list[int | str]) -> str:
     return ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
 
 
+def _scene_runs(scenes: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Consecutive scenes of one source that the prompt uses alike, as one run."""
+    runs: list[list[dict[str, Any]]] = []
+    for scene in scenes:
+        if runs and (runs[-1][-1]["source"], runs[-1][-1]["used"]) == (scene["source"], scene["used"]):
+            runs[-1].append(scene)
+        else:
+            runs.append([scene])
+    return runs
+
+
+def scenes_table(scenes: list[dict[str, Any]]) -> Table:
+    """The story's scenes in runs: which, their messages, where their summaries and histories
+    came from, and what the prompt uses of them."""
+    table = Table(title="Scenes", show_edge=False, expand=False)
+    for column in ("scenes", "messages", "from", "in the prompt"):
+        table.add_column(column)
+    for run in _scene_runs(scenes):
+        ids = _ids([s["id"] for s in run])
+        messages = _span({"first": run[0]["start"], "last": run[-1]["end"]})
+        used = {"summary": "summaries", "history": "history"}.get(run[0]["used"] or "", "—")
+        table.add_row(ids, messages, run[0]["source"], used if len(run) > 1 or used == "—" else run[0]["used"])
+    return table
+
+
 def explain(facts: dict[str, Any], *, steps: bool = True) -> Group:
     """The case, each section with its range and tokens, the budget, and (with `steps`) every
     step of the search."""
@@ -78,7 +103,12 @@ def explain(facts: dict[str, Any], *, steps: bool = True) -> Group:
     budget.add_row(
         "messages", f"{facts['messages']:,}" + (f" (+{facts['hidden']} hidden)" if facts.get("hidden") else "")
     )
-    parts: list[Any] = [title, Text(), sections, Text(), budget]
+    parts: list[Any] = [title]
+    if facts.get("refusal"):
+        parts.append(Text(facts["refusal"]["message"]))
+    parts += [Text(), sections, Text(), budget]
+    if facts.get("scenes"):
+        parts += [Text(), scenes_table(facts["scenes"])]
     lore = facts.get("lore") or {}
     if lore.get("entries"):
         table = Table(title=f"Lore ({lore['engine']}: {lore['used']:,} of {lore['budget']:,} tokens)", show_edge=False)
