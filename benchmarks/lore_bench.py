@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -69,15 +68,14 @@ def lorebook(entries: int, seed: int = 11) -> dict[str, object]:
     return {"entries": book}
 
 
-def median_seconds(
-    argv: list[str], runs: int, env: dict[str, str] | None = None, timeout: float | None = None
-) -> float:
-    """The median wall time of `runs` runs; infinity when a run takes longer than `timeout`."""
+def median_seconds(argv: list[str], runs: int, code: str | None = None, timeout: float | None = None) -> float:
+    """The median wall time of `runs` runs (of the otaku_ctx in the folder `code`, when
+    given); infinity when a run takes longer than `timeout`."""
     times = []
     for _ in range(runs):
         start = time.perf_counter()
         try:
-            subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=env, timeout=timeout)
+            subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, cwd=code, timeout=timeout)
         except subprocess.TimeoutExpired:
             return float("inf")
         times.append(time.perf_counter() - start)
@@ -99,7 +97,7 @@ def regex_sticky() -> Case:
     story = [message(i, f"The tide turns. {'a' * 40}! The bell rings {i}.") for i in range(1, 401)]
     book = {
         "0": {"uid": 0, "key": ["/(a|aa)+$/"], "content": "Backtracking."},
-        "1": {"uid": 1, "key": ["bell"], "content": "The bell is sticky.", "sticky": 5},
+        "1": {"uid": 1, "key": ["bell"], "content": "The bell is sticky.", "sticky": 200},
     }
     return story, {"entries": book}, '[lore]\nengine = "sillytavern"\n'
 
@@ -119,7 +117,7 @@ def sticky_book(n: int, engine: str) -> Case:
     for entry in entries.values():  # only the one sticky entry has a timed effect
         entry.pop("sticky", None)
         entry.pop("cooldown", None)
-    entries[str(n)] = {"uid": n, "key": ["bell"], "content": "The bell is sticky.", "sticky": 50}
+    entries[str(n)] = {"uid": n, "key": ["bell"], "content": "The bell is sticky.", "sticky": 200}
     return storygen.records(1000), book, f'[lore]\nengine = "{engine}"\n'
 
 
@@ -133,53 +131,51 @@ def mentioned(n: int) -> Case:
     return story, {"entries": book}, '[lore]\nengine = "keyword"\n'
 
 
-WORST: dict[str, Callable[[], Case]] = {
-    "regex+sticky": regex_sticky,
-    "chain-1000": lambda: chain(1000),
-    "chain-3000": lambda: chain(3000),
-    "5000+sticky (sillytavern)": lambda: sticky_book(5000, "sillytavern"),
-    "5000+sticky (keyword)": lambda: sticky_book(5000, "keyword"),
-    "keyword 20k mentioned": lambda: mentioned(20_000),
-    "keyword 40k mentioned": lambda: mentioned(40_000),
+# name -> (the case, the window it is built for)
+WORST: dict[str, tuple[Callable[[], Case], int]] = {
+    "regex+sticky": (regex_sticky, 32768),
+    "chain-1000": (lambda: chain(1000), 400_000),
+    "chain-3000": (lambda: chain(3000), 400_000),
+    "5000+sticky (sillytavern)": (lambda: sticky_book(5000, "sillytavern"), 8192),
+    "5000+sticky (sillytavern, 400k)": (lambda: sticky_book(5000, "sillytavern"), 400_000),
+    "5000+sticky (keyword)": (lambda: sticky_book(5000, "keyword"), 8192),
+    "keyword 20k mentioned": (lambda: mentioned(20_000), 400_000),
+    "keyword 40k mentioned": (lambda: mentioned(40_000), 400_000),
 }
 
 
 def worst(args: argparse.Namespace) -> int:
-    env = dict(os.environ, PYTHONPATH=args.code) if args.code else None
-    print(
-        f"lore's worst cases, tokenizer {args.tokenizer}, median of {args.runs} runs"
-        + (f", code {args.code}" if args.code else "")
-    )
-    print(f"{'case':<28}  {'seconds':>8}  placed")
+    code = f", code {args.code}" if args.code else ""
+    print(f"lore's worst cases, tokenizer {args.tokenizer}, median of {args.runs} runs{code}")
+    print(f"{'case':<34}  {'seconds':>8}  placed")
     with tempfile.TemporaryDirectory() as tmp:
-        for name, make in WORST.items():
+        for n, (name, (make, window)) in enumerate(WORST.items()):
             if args.only and not any(o in name for o in args.only):
                 continue
             story, book, config = make()
-            folder = Path(tmp) / name.replace(" ", "_").replace("(", "").replace(")", "")
+            folder = Path(tmp) / str(n)
             folder.mkdir()
             storygen.write(folder / "story.jsonl", story)
             (folder / "book.json").write_text(json.dumps(book))
             (folder / "config.toml").write_text(config)
-            argv = [
-                sys.executable,
-                "-m",
-                "otaku_ctx",
-                "build",
+            inputs = [
                 str(folder / "story.jsonl"),
                 "--lore",
                 str(folder / "book.json"),
+                "--config",
+                str(folder / "config.toml"),
             ]
-            argv += ["--config", str(folder / "config.toml"), "--tokenizer", args.tokenizer, "--window", "400000"]
-            seconds = median_seconds(argv, args.runs, env, args.timeout)
+            flags = ["--tokenizer", args.tokenizer, "--window", str(window)]
+            ctx = [sys.executable, "-m", "otaku_ctx"]
+            seconds = median_seconds([*ctx, "build", *inputs, *flags], args.runs, args.code, args.timeout)
             placed = "-"
             if seconds != float("inf"):
                 facts = subprocess.run(
-                    [*argv[:3], "inspect", *argv[4:], "--json"], capture_output=True, text=True, env=env
+                    [*ctx, "inspect", *inputs, *flags, "--json"], capture_output=True, text=True, cwd=args.code
                 )
                 placed = str(sum(e["placed"] for e in json.loads(facts.stdout)["lore"]["entries"]))
             shown = f"> {args.timeout:g}" if seconds == float("inf") else f"{seconds:.2f}"
-            print(f"{name:<28}  {shown:>8}  {placed}", flush=True)
+            print(f"{name:<34}  {shown:>8}  {placed}", flush=True)
     return 0
 
 

@@ -307,6 +307,7 @@ def facts(built: Built, story_hidden: int = 0, story: Story | None = None, shown
 
 _NOT_FIRED = {
     "disabled": "disabled",
+    "character": "its characterFilter leaves out this character",
     "no_keys": "has no keys",
     "no_match": "no key matched",
     "secondary": "its secondary keys failed ({detail})",
@@ -314,6 +315,7 @@ _NOT_FIRED = {
     "cooldown": "on cooldown ({detail})",
     "delay_until_recursion": "waits for recursion",
     "exclude_recursion": "matches only through recursion, which it excludes",
+    "dont_activate": "its @@dont_activate decorator keeps it out",
     "group": "lost its group {detail!r} to entry {by}",
     "probability": "probability roll failed ({detail})",
 }
@@ -322,6 +324,7 @@ _NOT_PLACED = {
     "cap": "fired but is over the keyword engine's cap ({detail}); raise it",
     "frame": "fired but was dropped: the prompt had no room for it with the story (raise the window)",
     "empty": "fired but has no content",
+    "position": "fired but its position {detail} is not one SillyTavern 1.12 places (0-6): placed nowhere",
 }
 
 
@@ -331,12 +334,15 @@ def lore_reason(d: LoreDecision) -> str:
         return _NOT_PLACED[d.reason].format(detail=d.detail)
     if not d.fired:
         return _NOT_FIRED.get(d.reason, d.reason).format(detail=d.detail, by=d.by)
+    if d.reason == "key" and d.message is None:  # a key that matches any text (a blank key, a regex like /x*/)
+        return f"key {d.key!r}"
     if d.reason == "key":
         who = f" by {d.speaker}" if d.speaker else ""
         return f"key {d.key!r} in message {d.message}{who}"
     if d.reason == "recursion":
         return f"key {d.key!r} in the content of entry {d.by} (recursion)"
-    return {"constant": "constant", "sticky": "sticky from an earlier turn"}.get(d.reason, d.reason)
+    fired = {"constant": "constant", "sticky": "sticky from an earlier turn", "decorator": "its @@activate decorator"}
+    return fired.get(d.reason, d.reason)
 
 
 def lore_facts(lore: LoreChoice) -> dict[str, Any]:

@@ -2,28 +2,32 @@
 
 Pure: no I/O. The caller gives the entries, the visible chat (oldest first), the macro filler
 for `{{char}}`/`{{user}}`, the rules (the `[lore]` settings with the engine's defaults filled
-in), a token counter and the limit; `choose()` returns a `LoreChoice`: the entries placed, in
-insertion order, and a `LoreDecision` for every entry considered.
+in), a token counter, the limit and the character the prompt is for; `choose()` returns a
+`LoreChoice`: the entries placed, in insertion order, and a `LoreDecision` for every entry.
 
-The scan follows SillyTavern 1.12's World Info (public/scripts/world-info.js at ba6f7b7a):
+The scan follows SillyTavern 1.12's World Info (public/scripts/world-info.js at ba6f7b7a), and
+tests/test_lore_sillytavern.py holds it to the results of that code:
 
 - the scan text is the last `scan_depth` chat messages, newest first, as `Name: text`; an
   entry's own `scanDepth` wins; recursion appends the content of activated entries;
-- `disable` never fires, then delay / cooldown (unless sticky) / delay-until-recursion /
-  exclude-recursion suppress, then `constant` and sticky entries fire, then keys: a primary
-  key must match, then the secondary keys by `selectiveLogic`;
+- `disable` never fires, then the characterFilter, delay / cooldown (unless sticky) /
+  delay-until-recursion / exclude-recursion suppress, `@@activate` fires, `@@dont_activate`
+  suppresses, then `constant` and sticky entries fire, then keys: a primary key must match,
+  then the secondary keys by `selectiveLogic`;
 - of the entries a pass activates: inclusion groups pick one member (sticky, group scoring,
   override by order, else a weighted roll), then probability rolls, then the budget;
 - another pass runs for recursion, for min activations (one message deeper each time) and
   for each delay-until-recursion level, as SillyTavern's loop does.
 
-Rolls are deterministic: seeded by the story's `seed`, the turn and the entry (see `roll`).
+Rolls are deterministic: seeded by the story's `seed`, the turn and the entry (see `dice`).
 Timed effects (sticky, cooldown, delay) are derived by replaying the scan over the turns
-before this one that can still matter; no state is kept between runs.
+before this one; no state is kept between runs. What a build costs is bounded per build,
+not per scan (keys.py, scan.py): regex time, the entries a pass tests, the replay.
 
 Two engines choose among the activated entries: `sillytavern` admits by `order` and stops at
-the first entry over the budget; `keyword` (seed 000's keyword infill engine) scores every
-activated entry and fills greedily by score, skipping what does not fit, within per-kind caps.
+the first entry that reaches the budget; `keyword` (seed 000's keyword infill engine) scores
+every activated entry and fills greedily by score, skipping what does not fit, within per-kind
+caps.
 """
 
 from __future__ import annotations
