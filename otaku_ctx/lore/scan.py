@@ -544,6 +544,8 @@ class Scan:
             if recursion and mid in self._recursion_first:
                 return ("entry", self._recursion_first[mid])
             return None
+        if isinstance(m, Pattern) and m.key in self.book.clock.timeouts:
+            return None  # out of time for this build: no match, without building the text
         text, lowered, starts, origins = self.joined(depth, recursion)
         if isinstance(m, Plain):
             found = plain_at(text if m.sensitive else lowered, m.needle, m.whole)
