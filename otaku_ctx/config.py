@@ -17,12 +17,12 @@ import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from .assemble import CACHES
 from .errors import ConfigError, UsageError
 from .locations import config_path
-from .lore.rules import ENGINE_DEFAULTS, ENGINES, Engine, LoreRules
+from .lore.rules import ENGINE_DEFAULTS, ENGINES, STRATEGIES, Engine, LoreRules, Strategy
 from .tokens import TOKENIZERS
 
 DEFAULT_CARD_TEMPLATE = (
@@ -44,6 +44,7 @@ Kind = Literal[
     "cache",
     "text",
     "engine",
+    "strategy",
     "files",
     "depth",
     "switch",
@@ -136,6 +137,11 @@ class LoreSettings:
     group_scoring: bool = setting(False, "an inclusion group keeps the members with the most key hits", "flag")
     world_cap: int = setting(20, "keyword engine: at most this many world lore entries", "count")
     character_cap: int = setting(15, "keyword engine: at most this many character lore entries", "count")
+    strategy: str = setting(
+        "character_first",
+        'sillytavern engine: whose lore is admitted first: "character_first", "global_first" or "evenly" (by order)',
+        "strategy",
+    )
 
     def rules(self) -> LoreRules:
         """Lore's rules for these settings: "auto" becomes the engine's default."""
@@ -158,6 +164,7 @@ class LoreSettings:
             group_scoring=self.group_scoring,
             world_cap=self.world_cap,
             character_cap=self.character_cap,
+            strategy=cast(Strategy, self.strategy),  # checked against STRATEGIES when read
         )
 
 
@@ -334,6 +341,7 @@ CHECKS: dict[str, Callable[[_Check], Any]] = {
     "seconds": _seconds,
     "cache": _one_of(CACHES),
     "engine": _one_of(ENGINES),
+    "strategy": _one_of(STRATEGIES),
     "tokenizer": _one_of(TOKENIZERS),
 }
 

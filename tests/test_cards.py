@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import zlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,15 @@ V2_DATA = {
     "alternate_greetings": [],
     "extensions": {},
 }
+
+
+def read(path: Path) -> Card:
+    """The card as read, less its avatar, which is the card's file name (SillyTavern's avatar)."""
+    card = read_card(path)
+    assert card.avatar == path.name
+    return replace(card, avatar="")
+
+
 ILYA = Card(
     name="Ilya",
     description="A ferryman's apprentice.",
@@ -94,7 +104,7 @@ def test_v1_json(tmp_path: Path) -> None:
     }
     path = tmp_path / "ilya.json"
     path.write_text(json.dumps(flat), encoding="utf-8")
-    assert read_card(path) == Card(
+    assert read(path) == Card(
         name="Ilya",
         description="A ferryman's apprentice.",
         personality="wry, patient",
@@ -109,13 +119,13 @@ def test_v1_json(tmp_path: Path) -> None:
 def test_v2_and_v3_json(tmp_path: Path, card: dict[str, Any]) -> None:
     path = tmp_path / "ilya.json"
     path.write_text(json.dumps(card), encoding="utf-8")
-    assert read_card(path) == ILYA
+    assert read(path) == ILYA
 
 
 def test_png_prefers_ccv3_over_chara(tmp_path: Path) -> None:
     path = tmp_path / "ilya.png"
     path.write_bytes(png(text_chunk("chara", v2(name="Old Ilya")), text_chunk("ccv3", v3())))
-    assert read_card(path) == ILYA
+    assert read(path) == ILYA
 
 
 def test_png_itxt_and_ztxt_chunks(tmp_path: Path) -> None:
@@ -123,10 +133,10 @@ def test_png_itxt_and_ztxt_chunks(tmp_path: Path) -> None:
     itxt = chunk(b"iTXt", b"chara\0\x01\x00\0\0" + zlib.compress(encoded))
     path = tmp_path / "itxt.png"
     path.write_bytes(png(itxt))
-    assert read_card(path) == ILYA
+    assert read(path) == ILYA
     ztxt = chunk(b"zTXt", b"chara\0\x00" + zlib.compress(encoded))
     path.write_bytes(png(ztxt))
-    assert read_card(path) == ILYA
+    assert read(path) == ILYA
 
 
 # -- bad cards -----------------------------------------------------------------------------
@@ -200,3 +210,23 @@ def test_add_cards_renumbers_and_shifts_scenes() -> None:
     assert joined.system == "Narrate."
     assert add_cards(story, []) is story
     assert len(story) == 3  # the original is untouched
+
+
+@pytest.mark.parametrize(
+    ("names", "exclude", "fires"),
+    [(["seraphina-card"], False, True), (["seraphina-card"], True, False), (["Seraphina"], False, False)],
+)
+def test_character_filter_names_the_card_by_its_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], names: list[str], exclude: bool, fires: bool
+) -> None:
+    """SillyTavern's characterFilter names a character by its avatar file, less the extension:
+    `--card seraphina-card.png` is "seraphina-card", whatever the card calls itself."""
+    from conftest import run
+
+    lore = tmp_path / "lore.json"
+    entry = {"uid": 1, "key": [], "constant": True, "content": "THE-FILTERED-ENTRY"}
+    entry["characterFilter"] = {"isExclude": exclude, "names": names, "tags": []}
+    lore.write_text(json.dumps({"entries": {"1": entry}}), encoding="utf-8")
+    chat = FIXTURES / "sillytavern" / "seraphina-chat.jsonl"
+    code, out, _ = run(capsys, "build", chat, "--card", FIXTURES / "sillytavern" / "seraphina-card.png", "--lore", lore)
+    assert code == 0 and ("THE-FILTERED-ENTRY" in out) == fires

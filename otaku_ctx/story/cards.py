@@ -61,7 +61,7 @@ def read_card(path: Path | str) -> Card:
         obj = _decode_chunk(path, keyword, text)
     else:
         obj = _json_file(path, data)
-    return card_from_json(path, obj)
+    return replace(card_from_json(path, obj), avatar=path.name)  # SillyTavern's avatar: the card's file
 
 
 def card_from_json(path: Path | str, obj: Any) -> Card:
