@@ -343,3 +343,14 @@ def test_a_prompt_without_its_placeholder_is_a_one_line_error(tmp_path: Path) ->
         "summarize", str(chat), "--url", "http://127.0.0.1:9/v1", "--model", "m", "--config", str(config)
     )
     assert code == 1 and err.count("\n") == 1 and "{scene}" in err
+
+
+def test_story_text_in_a_prompt_is_sent_as_it_is() -> None:
+    """The placeholders are filled in one pass: a scene that holds `{summary_words}` or
+    `{title}` is data, not another placeholder."""
+    from otaku_ctx.summarize.prompts import load_prompt
+
+    prompt = load_prompt("summary")
+    scene = "Mara: the sign says {summary_words} and {title} and {scene}"
+    (user,) = [m["content"] for m in prompt.messages({"scene": scene, "summary_words": "400"}) if m["role"] == "user"]
+    assert scene in user and "400" in user

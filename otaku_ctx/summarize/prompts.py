@@ -2,12 +2,14 @@
 replaceable by the user's own (`[summarize] summary_prompt`, `history_prompt`).
 
 A prompt file is the user message with `{placeholders}`; a line holding only `---` may
-separate a system message before it. Only the placeholders below are filled (plain
-replacement, so a JSON example's braces stay as they are); a file missing a required one is
-an error naming the file and the placeholder."""
+separate a system message before it. Only the placeholders below are filled, in one pass
+(so a JSON example's braces stay as they are, and a scene whose text holds `{title}` is sent
+as it is: story text is data); a file missing a required one is an error naming the file and
+the placeholder."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +35,9 @@ class Prompt:
     source: str
 
     def messages(self, values: Mapping[str, str]) -> list[dict[str, str]]:
-        text = self.user
-        for name in (*PLACEHOLDERS[self.kind][0], *PLACEHOLDERS[self.kind][1]):
-            text = text.replace("{" + name + "}", values.get(name, ""))
+        names = (*PLACEHOLDERS[self.kind][0], *PLACEHOLDERS[self.kind][1])
+        pattern = re.compile("|".join(re.escape("{" + name + "}") for name in names))
+        text = pattern.sub(lambda m: values.get(m[0][1:-1], ""), self.user)
         system = [{"role": "system", "content": self.system}] if self.system else []
         return [*system, {"role": "user", "content": text}]
 
