@@ -140,3 +140,13 @@ def test_no_module_imports_another_modules_private_names(module: str) -> None:
         if alias.name.startswith("_") and not alias.name.startswith("__")
     ]
     assert not private, f"{module} imports {private}"
+
+
+NETWORK = {"socket", "http", "urllib", "ssl", "asyncio", "requests", "httpx", "aiohttp"}
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if stage(m) != "backend"])
+def test_only_the_backend_opens_a_connection(module: str) -> None:
+    """ctx talks to a network only through backend/, and only to the server the user names."""
+    found = sorted(t for t in imports(module) if t.split(".")[0] in NETWORK)
+    assert not found, f"{module} imports {found}: a request to the model server goes through otaku_ctx.backend"
