@@ -47,6 +47,12 @@ class StandIn(ThreadingHTTPServer):
         self.refused = 0
         self.replies: list[str] = []  # scripted reply texts, used first
         self.lock = threading.Lock()
+        # concurrency: requests being answered now, the most at once; `gather` holds each one
+        # until that many have been in flight together (or a second has passed)
+        self.in_flight = self.most = self.gather = 0
+        self.gathered = threading.Condition(self.lock)
+        self.slow_first = 0.0  # extra seconds for the scene starting at message 1
+        self.rolling = False  # a history names the history it was rolled from, then the scene
 
     @property
     def url(self) -> str:
@@ -86,19 +92,28 @@ class _Handler(BaseHTTPRequestHandler):
         prompt = body["messages"][-1]["content"]
         kind = "history" if "story so far" in prompt.lower() and "The scene:" not in prompt else "summary"
         numbers = [int(n) for n in FIRST.findall(prompt)]
-        with self.server.lock:
-            self.server.bodies.append(body)
-            scripted = self.server.replies.pop(0) if self.server.replies else None
-        time.sleep(self.server.delay)
+        stand_in = self.server
+        with stand_in.lock:
+            stand_in.bodies.append(body)
+            scripted = stand_in.replies.pop(0) if stand_in.replies else None
+            stand_in.in_flight += 1
+            stand_in.most = max(stand_in.most, stand_in.in_flight)
+            stand_in.gathered.notify_all()
+            stand_in.gathered.wait_for(lambda: stand_in.most >= stand_in.gather, timeout=1.0)
+        time.sleep(stand_in.delay + (stand_in.slow_first if kind == "summary" and numbers[0] == 1 else 0))
         if scripted is not None:
             text = scripted
         elif kind == "summary":
             a, b = numbers[0], numbers[-1]
             text = json.dumps({"title": f"Scene {a}", "summary": f"In messages {a} to {b} the keeper and Mara talk."})
+        elif stand_in.rolling:
+            earlier = prompt.split("The story so far:", 1)[1].split("The next scene (", 1)
+            text = json.dumps({"history": f"{earlier[0].strip()} | then {earlier[1].split(')', 1)[0]}"})
         else:
             text = json.dumps({"history": "So far the keeper and Mara have talked through many scenes."})
-        with self.server.lock:
-            self.server.log.append((kind, numbers[0] if kind == "summary" else 0))
+        with stand_in.lock:
+            stand_in.in_flight -= 1
+            stand_in.log.append((kind, numbers[0] if kind == "summary" else 0))
         self._send(
             200,
             {
@@ -111,7 +126,7 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[StandIn]:
     stand_in = StandIn()
-    thread = threading.Thread(target=stand_in.serve_forever, daemon=True)
+    thread = threading.Thread(target=stand_in.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield stand_in
@@ -237,6 +252,38 @@ def read_lines(path: Path) -> list[str]:
         return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except FileNotFoundError:
         return []
+
+
+# -- --jobs -----------------------------------------------------------------------------------
+
+
+def test_jobs_sends_that_many_scenes_at_once_and_the_sidecar_ends_as_with_one(tmp_path: Path, server: StandIn) -> None:
+    """Four scene requests in flight together (the stand-in holds each until four are), the
+    first scene answered last, so later scenes are committed before it; the histories still
+    roll in story order, each from the one before, and the sidecar is what --jobs 1 writes."""
+    server.rolling = True
+
+    def written(folder: str, *more: str) -> list[tuple[object, ...]]:
+        (tmp_path / folder).mkdir()
+        chat = sillytavern_chat(tmp_path / folder / "chat.jsonl", 240)
+        code, _, err = summarize(chat, server, *more)
+        assert code == 0, err
+        return [
+            (r.id, r.start, r.end, r.title, r.summary, r.history, r.covers, r.history_from)
+            for r in read_sidecar(sidecar_for(chat))
+        ]
+
+    one = written("one")
+    assert server.most == 1
+    server.most, server.gather, server.slow_first = 0, 4, 0.05
+    asked = len(server.log)
+    four = written("four", "--jobs", "4")
+    assert server.most == 4  # four at once, never more
+    summaries = [start for kind, start in server.log[asked:] if kind == "summary"]
+    assert summaries.index(1) > 0  # scene 1 finished after a later one
+    assert four == one and len(four) >= 6
+    titles = " | then ".join(str(entry[3]) for entry in four)
+    assert str(four[-1][5]).endswith(titles.split(" | then ", 1)[1])  # rolled in order, none skipped
 
 
 # -- staleness --------------------------------------------------------------------------------
