@@ -313,6 +313,30 @@ def test_editing_one_early_message_makes_that_scene_and_later_histories_stale(tm
     assert code == 0 and "stale" not in err
 
 
+def test_a_history_rolled_from_a_long_story_so_far_is_priced_as_it_is(tmp_path: Path) -> None:
+    """The first history after the story's own scenes is rolled from their summaries (they have
+    no histories): the plan counts that text, not a history's bound, and refuses before any
+    request when it cannot fit."""
+    lines = []
+    for i in range(1, 201):
+        who = "Mara" if i % 2 else "Keeper"
+        lines.append(json.dumps({"role": "user" if i % 2 else "assistant", "name": who, "content": f"Line {i}. " * 25}))
+    long = "The keeper and Mara talk about the lamp, the tide and the ferry. " * 60  # about 800 tokens
+    for k in range(4):
+        scene = {"type": "scene", "id": k + 1, "start": 20 * k + 1, "end": 20 * k + 20, "title": "T", "summary": long}
+        lines.append(json.dumps(scene))
+    story = tmp_path / "story.jsonl"
+    story.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    base = ("summarize", str(story), "--url", "http://127.0.0.1:9/v1", "--model", "m")
+    code, out, err = run(*base, "--window", "16000", "--dry-run", "--json")
+    assert code == 0, err
+    first = next(r for r in json.loads(out)["requests"] if r["kind"] == "history")
+    assert first["prompt_tokens"] > 4 * 700  # the four summaries it is rolled from
+    code, _, err = run(*base, "--window", "4096")
+    assert code == 1 and err.count("\n") == 1, err
+    assert "the history through messages 81–" in err and "the story so far it is rolled from" in err
+
+
 # -- replies and formats ----------------------------------------------------------------------
 
 

@@ -61,33 +61,29 @@ def summarize_cmd(
     from ..tokens import make_counter
 
     given = {"url": url, "model": model, "window": window, "jobs": jobs}
-    overrides = {f"summarize.{k}": (v, f"--{k}") for k, v in given.items() if v is not None}
-    settings = settings_from(config, overrides)
+    settings = settings_from(config, {f"summarize.{k}": (v, f"--{k}") for k, v in given.items() if v is not None})
     story = named(story, "STORY", "an empty path; name the story file")
     sidecar = _sidecar(story, named(summaries, "--summaries", "an empty path; name a summaries file"))
-    count = make_counter(settings.model.tokenizer)
     told = read_story(
         story, source_format.value if source_format else None, (), conversation, story_bound(max_story_size), "none"
     )
     records = read_sidecar(sidecar) if sidecar.is_file() else []
-    prompts = prompts_of(settings.summarize, count)
+    prompts = prompts_of(settings.summarize, make_counter(settings.model.tokenizer))
     if dry_run:
-        chosen = plan_for(told, records, prompts, settings.summarize, None)
-        _show_plan(story, sidecar, chosen, as_json)
+        _show_plan(story, sidecar, plan_for(told, records, prompts, settings.summarize, None), as_json)
         return
-    io = terminal()
-    with progress(io) as phase:
-        started = time.monotonic()
-
-        def shown(p: Progress) -> None:
-            eta = f" · ETA {_duration(p.eta)}" if p.eta is not None else ""
-            phase(
-                f"{p.done}/{p.total} requests · {p.tokens_in:,} tokens in, {p.tokens_out:,} out"
-                f" · {_duration(time.monotonic() - started)}{eta}"
-            )
-
-        chosen, report = summarize(told, sidecar, records, prompts, settings.summarize, shown)
+    with progress(terminal()) as phase:
+        chosen, report = summarize(told, sidecar, records, prompts, settings.summarize, lambda p: phase(_line(p)))
     _show_report(story, sidecar, chosen, report, as_json)
+
+
+def _line(p: Progress) -> str:
+    """The progress bar's words: requests done of all, tokens in and out, time, ETA."""
+    eta = f" · ETA {_duration(p.eta)}" if p.eta is not None else ""
+    return (
+        f"{p.done}/{p.total} requests · {p.tokens_in:,} tokens in, {p.tokens_out:,} out"
+        f" · {_duration(time.monotonic() - p.started)}{eta}"
+    )
 
 
 def _sidecar(story: str, given: str) -> Path:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -227,9 +227,7 @@ def with_sidecar(story: Story, records: Sequence[Record], shown: str) -> Story:
     notes saying what was left out and why."""
     judged = judge(story, records)
     scenes = list(story.scenes)
-    sourced = "source" in {f.name for f in fields(Scene)}
     for record in judged.fresh:
-        extra: dict[str, Any] = {"source": "sidecar"} if sourced else {}
         scenes.append(
             Scene(
                 order=len(scenes) + 1,
@@ -239,7 +237,7 @@ def with_sidecar(story: Story, records: Sequence[Record], shown: str) -> Story:
                 title=record.title,
                 summary=record.summary,
                 history=record.history if record.start in judged.history_ok else "",
-                **extra,
+                source="sidecar",
             )
         )
     return replace(story, scenes=tuple(scenes), notes=(*story.notes, *judged.notes(shown)))

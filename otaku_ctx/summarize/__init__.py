@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..backend import Backend
 from ..config import SummarizeSettings
+from ..errors import ConfigError
 from ..files import write_atomic
 from ..story.model import Story
 from ..story.sidecar import Record, sidecar_text
@@ -58,8 +59,6 @@ def prompts_of(s: SummarizeSettings, count: TokenCounter, jobs: int | None = Non
 
 
 def backend_of(s: SummarizeSettings) -> Backend:
-    from ..errors import ConfigError
-
     if not s.url:
         raise ConfigError("summarize.url", None, "no model server named; pass --url (e.g. http://127.0.0.1:8080/v1)")
     if not s.model:

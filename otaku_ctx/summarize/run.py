@@ -26,7 +26,7 @@ from ..story.model import Scene, Story
 from ..story.sidecar import Record, covers, history_basis, judge, sha
 from ..tokens import TokenCounter
 from .prompts import Prompt
-from .replies import field_of
+from .replies import field_of, json_object
 from .spans import Cutting, Span, fitted, pack
 
 DEFAULT_WINDOW = 8192  # when neither --window, the config nor the server says
@@ -179,19 +179,36 @@ def plan(story: Story, records: list[Record], prompts: Prompts, window: int, win
         Planned("summary", s, prompts.tokens(prompts.summary_messages(story, s)), options.summary_tokens) for s in spans
     ]
     empty = prompts.tokens(prompts.history_messages("", "", ""))
-    at_most = empty + options.history_tokens + options.summary_tokens
-    if requests and at_most > usable and histories_from is not None:
-        raise SummarizeError(
-            f"a history's request needs up to {at_most:,} tokens, more than the {usable:,} of the "
-            f"summarizer's {window:,}-token window ctx uses ({window_source}); lower summary_words and history_words"
-        )
-    for index, r in enumerate(after):
+    previous: Scene | Record | None = story.scenes[-1] if story.scenes else None
+    for r in after:
         if histories_from is None or r.start < histories_from:
+            previous = r
             continue
-        first = index == 0 and not story.scenes
-        if not first:  # the first history of a story is its first summary, asked of nobody
-            requests.append(Planned("history", (r.start, r.end), at_most, options.history_tokens))
+        if previous is None:  # the first history of a story is its first summary, asked of nobody
+            previous = r
+            continue
+        # the story so far it is rolled from: known for the first (the story's own, a memory, a
+        # history edited by hand: any length), one this run asks for after that (at most
+        # history_tokens); the scene's summary and title: a kept one's as they are
+        earlier = prompts.count(rolled_from(story, previous)) if r.start == histories_from else options.history_tokens
+        scene = options.summary_tokens if r.start in new_starts else prompts.count(r.summary) + prompts.count(r.title)
+        need = empty + earlier + scene
+        if need + options.history_tokens > usable:
+            raise SummarizeError(
+                f"the history through messages {r.start:,}–{r.end:,} needs up to {need + options.history_tokens:,} "
+                f"tokens ({earlier:,} of them the story so far it is rolled from), more than the {usable:,} of the "
+                f"summarizer's {window:,}-token window ctx uses ({window_source}); use a model with a larger "
+                "context (--window), or lower summary_words and history_words"
+            )
+        requests.append(Planned("history", (r.start, r.end), need, options.history_tokens))
+        previous = r
     return Plan(story, tuple(kept), tuple(spans), histories_from, window, window_source, tuple(requests), redone)
+
+
+def rolled_from(story: Story, previous: Scene | Record) -> str:
+    """The story so far a history after `previous` is rolled from: its history; when it has
+    none (a story's own scenes may carry only summaries), the story's own summaries."""
+    return previous.history or "\n\n".join(s.summary for s in story.scenes if s.summary)
 
 
 @dataclass
@@ -285,10 +302,7 @@ class Asker:
                 self.progress.tokens_out += reply.completion_tokens or 0
             text = field_of(reply.text, name)
             if text:
-                from .replies import json_object
-
-                found = json_object(reply.text) or {}
-                title = found.get("title")
+                title = (json_object(reply.text) or {}).get("title")
                 return text, title.strip() if isinstance(title, str) else ""
             last = " ".join(reply.text.split())[:80]
         raise SummarizeError(
@@ -401,7 +415,7 @@ def _summaries(
             if isinstance(outcome, ContextTooLong) and span[0] < span[1]:
                 middle = (span[0] + span[1]) // 2
                 pending.extendleft([(middle + 1, span[1]), (span[0], middle)])
-                progress.total += 1
+                progress.total += 2 if plan.histories_from is not None else 1  # a summary more, and its history
                 continue
             if isinstance(outcome, BaseException):
                 raise outcome
@@ -441,8 +455,7 @@ def _histories(
         if previous is None:
             history = record.summary
         else:
-            earlier = previous.history or "\n\n".join(s.summary for s in story.scenes if s.summary)
-            messages = prompts.history_messages(earlier, record.summary, record.title)
+            messages = prompts.history_messages(rolled_from(story, previous), record.summary, record.title)
             what = f"the history through messages {record.start:,}–{record.end:,}"
             progress.phase = f"rolling {what}"
             on_progress(progress)
