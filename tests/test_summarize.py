@@ -202,6 +202,7 @@ def test_dry_run_lists_the_requests_and_contacts_nobody(tmp_path: Path) -> None:
     assert code == 0, err
     plan = json.loads(out)
     assert plan["window"] == 8192 and plan["requests"][0]["kind"] == "summary"
+    assert "a dry run asks no server; give --window" in plan["window_source"]  # not "the server did not say"
     assert all(r["prompt_tokens"] + r["max_tokens"] <= plan["usable"] for r in plan["requests"])
     assert not sidecar_for(chat).exists()
 

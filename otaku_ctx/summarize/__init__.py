@@ -75,7 +75,9 @@ def plan_for(
     when a backend is given: a dry run contacts nobody), else `DEFAULT_WINDOW`."""
     if s.window:
         return plan(story, records, prompts, s.window, "--window or [summarize] window")
-    told = backend.window() if backend is not None else None
+    if backend is None:  # the real run asks the server, which may say otherwise
+        return plan(story, records, prompts, DEFAULT_WINDOW, "the default: a dry run asks no server; give --window")
+    told = backend.window()
     if told:
         return plan(story, records, prompts, told, "as the server says")
     return plan(story, records, prompts, DEFAULT_WINDOW, "the default: the server did not say")
