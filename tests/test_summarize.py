@@ -314,6 +314,38 @@ def test_editing_one_early_message_makes_that_scene_and_later_histories_stale(tm
     assert code == 0 and "stale" not in err
 
 
+@pytest.mark.parametrize("change", ["insert", "delete"])
+def test_a_message_inserted_or_deleted_early_makes_only_its_scene_stale(
+    tmp_path: Path, server: StandIn, change: str
+) -> None:
+    """The scenes after it moved, not changed: they are found at their new numbers, their
+    summaries kept; only the scene where it happened is redone, and the histories from it on."""
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 300)
+    assert summarize(chat, server)[0] == 0
+    records = read_sidecar(sidecar_for(chat))
+    second = records[1]
+    lines = chat.read_text(encoding="utf-8").splitlines()
+    at = second.start + 1  # a row inside scene 2 (line 1 is the header)
+    if change == "insert":
+        lines.insert(at, json.dumps({"name": "Mara", "is_user": True, "mes": "A new line, written later."}))
+    else:
+        del lines[at]
+    chat.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    shift = 1 if change == "insert" else -1
+    _, _, err = run("build", str(chat), "--window", "8192")
+    assert f"scene {second.id} (messages {second.start:,}–{second.end + shift:,}) stale" in err
+    asked = len(server.log)
+    assert summarize(chat, server)[0] == 0
+    redone = server.log[asked:]
+    assert [entry for entry in redone if entry[0] == "summary"] == [("summary", second.start)]
+    assert len([entry for entry in redone if entry[0] == "history"]) == len(records) - 1  # scene 2 on
+    after = read_sidecar(sidecar_for(chat))
+    assert [(r.start, r.end) for r in after[2:]] == [(r.start + shift, r.end + shift) for r in records[2:]]
+    assert [r.summary for r in after[2:]] == [r.summary for r in records[2:]]  # kept, not asked again
+    code, _, err = run("build", str(chat), "--window", "8192")
+    assert code == 0 and "stale" not in err
+
+
 def test_a_history_rolled_from_a_long_story_so_far_is_priced_as_it_is(tmp_path: Path) -> None:
     """The first history after the story's own scenes is rolled from their summaries (they have
     no histories): the plan counts that text, not a history's bound, and refuses before any

@@ -185,11 +185,20 @@ def history_basis(previous: Scene | Record | None) -> dict[str, Any] | None:
     return {"scene": ref, "sha": sha(previous.history)}
 
 
+# Messages inserted or deleted before a scene move it: a scene whose messages no longer hash
+# at its numbers is looked for this many messages either way of where the scenes before it
+# moved to, and at most this many spans are hashed in all, so a chat rewritten end to end
+# costs a bounded look, not one per scene and offset.
+MOST_SHIFT = 64
+MOST_LOOKS = 4096
+
+
 def judge(story: Story, records: Sequence[Record]) -> Judged:
     """Which records still describe the story: a record is fresh when its messages hash as
-    they did; its history is up to date when it was rolled from this summary and from the
-    history before it as that stands now (so one stale scene makes every later history stale)."""
-    n = len(story.messages)
+    they did — at its numbers, or moved by messages inserted or deleted before it (then it is
+    renumbered, and the stale scene where the change happened spans to the moved one); its
+    history is up to date when it was rolled from this summary and from the history before
+    it as that stands now (so one stale scene makes every later history stale)."""
     after = story.scenes[-1].end if story.scenes else 0
     previous: Scene | Record | None = story.scenes[-1] if story.scenes else None
     chain_ok = True
@@ -197,15 +206,23 @@ def judge(story: Story, records: Sequence[Record]) -> Judged:
     stale: list[Record] = []
     dropped: list[Record] = []
     history_ok: set[int] = set()
+    shift, looks = 0, MOST_LOOKS
     for record in records:
-        if record.start <= after:
+        if record.start + shift <= after:
             dropped.append(record)
             continue
-        if record.end > n or covers(story, record.start, record.end) != record.covers:
-            stale.append(record)
+        now, tried = _found(story, record, shift, looks)
+        looks -= tried
+        if now is None:
+            stale.append(replace(record, start=record.start + shift, end=record.end + shift))
             chain_ok = False
-            after = record.end
+            after = record.end + shift
             continue
+        if now != shift and stale and stale[-1].end == record.start - 1 + shift:
+            # a message was inserted or deleted in the stale scene just before: it ends where this one now starts
+            stale[-1] = replace(stale[-1], end=max(stale[-1].start, record.start - 1 + now))
+        shift = now
+        record = replace(record, start=record.start + shift, end=record.end + shift)
         contiguous = previous is None or record.start == previous.end + 1
         if (
             chain_ok
@@ -220,6 +237,23 @@ def judge(story: Story, records: Sequence[Record]) -> Judged:
         fresh.append(record)
         previous, after = record, record.end
     return Judged(tuple(fresh), frozenset(history_ok), tuple(stale), tuple(dropped))
+
+
+def _found(story: Story, record: Record, shift: int, looks: int) -> tuple[int | None, int]:
+    """(where `record`'s messages are now, as a shift of its numbers, or None; the spans hashed
+    to find out). At the scenes' current shift first; then, with `looks` to spend, nearest first."""
+    n, length = len(story.messages), record.end - record.start
+    tried = 0
+    for offset in [0, *(d for k in range(1, MOST_SHIFT + 1) for d in (k, -k))]:
+        if offset and tried >= looks:
+            break
+        start = record.start + shift + offset
+        if start < 1 or start + length > n:
+            continue
+        tried += 1
+        if covers(story, start, start + length) == record.covers:
+            return shift + offset, tried
+    return None, tried
 
 
 def with_sidecar(story: Story, records: Sequence[Record], shown: str) -> Story:
