@@ -39,11 +39,9 @@ Benchmarks report figures; no test asserts a time.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,7 +51,9 @@ from io import BytesIO, StringIO
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SETUP = REPO / "tests" / "realserver" / "setup.sh"
+sys.path.insert(0, str(REPO / "tests" / "realserver"))
+from server import ServerProblem, chat, free_port, launch  # noqa: E402 - the tests' own server helpers
+
 CONFIG = (
     "[summarize]\nsettle = 10\nmin_chars = 1500\nmin_messages = 15\nsummary_words = 40\nhistory_words = 30\n"
     "temperature = 0.0\nrepeat_penalty = 1.1\ntimeout = 300\nattempts = 5\n"
@@ -61,54 +61,16 @@ CONFIG = (
 TOTAL = re.compile(r"total time =\s*([\d.]+) ms")
 
 
-def chat(path: Path, n: int) -> Path:
-    header = {"user_name": "Mara", "character_name": "Keeper", "create_date": "2025-01-01", "chat_metadata": {}}
-    lines = [json.dumps(header)]
-    for i in range(1, n + 1):
-        who = "Mara" if i % 2 else "Keeper"
-        text = f"{who} speaks in turn {i}: the lamp is lit, the storm grows and the ferry is late again tonight."
-        lines.append(json.dumps({"name": who, "is_user": bool(i % 2), "mes": text}))
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
 # -- the server ---------------------------------------------------------------------------------
 
 
-def built() -> tuple[str, str]:
-    found = subprocess.run(["sh", str(SETUP), "--check"], capture_output=True, text=True, timeout=300)
-    if found.returncode:
-        sys.exit(f"{found.stderr.strip()} (sh tests/realserver/setup.sh builds it)")
-    paths = dict(line.split("=", 1) for line in found.stdout.splitlines() if "=" in line)
-    return paths["LLAMA_SERVER"], paths["SMOLLM2_GGUF"]
-
-
-def healthy(port: int) -> bool:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-    try:
-        connection.request("GET", "/health")
-        return connection.getresponse().status == 200
-    except OSError:
-        return False
-    finally:
-        connection.close()
-
-
 def start(log: Path, slots: int) -> tuple[subprocess.Popen[bytes], str]:
-    server, model = built()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    command = [server, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", "1"]
-    command += ["-c", str(2048 * slots), "-np", str(slots), "--no-webui", "--no-cache-prompt"]
-    with log.open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while not healthy(port):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            sys.exit("llama-server did not start:\n" + log.read_text(errors="replace")[-2000:])
-        time.sleep(0.1)
+    log.write_bytes(b"")  # each start its own log: server_ms reads it from a byte offset
+    port = free_port()
+    try:
+        process = launch(log, port, context=2048 * slots, slots=slots, extra=("--no-cache-prompt",))
+    except ServerProblem as problem:
+        sys.exit(str(problem))
     return process, f"http://127.0.0.1:{port}/v1"
 
 

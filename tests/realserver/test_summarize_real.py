@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import server  # tests/realserver/server.py
 from conftest import RealServer, Served, overlapped, quiet, served  # tests/realserver/conftest.py
 
 from otaku_ctx.story.detect import read_story
@@ -27,14 +28,7 @@ SHORT = 60  # three scenes (messages 1-17, 18-33, 34-50), the newest 10 left to 
 
 
 def chat(path: Path, n: int = N) -> Path:
-    header = {"user_name": "Mara", "character_name": "Keeper", "create_date": "2025-01-01", "chat_metadata": {}}
-    lines = [json.dumps(header)]
-    for i in range(1, n + 1):
-        who = "Mara" if i % 2 else "Keeper"
-        text = f"{who} speaks in turn {i}: the lamp is lit, the storm grows and the ferry is late again tonight."
-        lines.append(json.dumps({"name": who, "is_user": bool(i % 2), "mes": text}))
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return server.chat(path, n)
 
 
 def config(folder: Path) -> Path:
