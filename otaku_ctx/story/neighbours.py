@@ -83,12 +83,7 @@ def read_finetune(path: Path, conversation: int | None = None) -> Story:
 
 def read_tavernai(path: Path) -> Story:
     """A TavernAI chat saved as a JSON array of "Name: text" strings (see the module's notes)."""
-    lines = list(read_lines(path))
-    start = next((n for n, t in lines if t.strip()), 1)
-    try:
-        whole = loads("".join(t for _, t in lines))
-    except JSONProblem as exc:
-        raise StoryError(path, exc.line if exc.column else start, _hinted(exc, "file")) from None
+    start, whole = _whole(path, list(read_lines(path)))
     if not isinstance(whole, list) or not all(isinstance(item, str) for item in whole):
         raise StoryError(path, start, 'a TavernAI chat is a JSON array of "Name: text" strings')
     messages: list[dict[str, str]] = []
@@ -119,13 +114,9 @@ def _story(path: Path, records: list[tuple[int, str]], source_format: str) -> St
 def _conversations(path: Path, key: str) -> list[tuple[int, dict[str, Any]]]:
     """(line, object) of each conversation: JSONL, or one JSON value (an object or an array)."""
     lines = list(read_lines(path))
-    text = "".join(t for _, t in lines)
-    start = next((n for n, t in lines if t.strip()), 1)
-    if text.lstrip().startswith("[") or not _jsonl(lines):
-        try:
-            whole = loads(text)
-        except JSONProblem as exc:
-            raise StoryError(path, exc.line if exc.column else start, _hinted(exc, "file")) from None
+    first = next((t for _, t in lines if t.strip()), "")
+    if first.lstrip().startswith("[") or not _jsonl(first):
+        start, whole = _whole(path, lines)
         items = whole if isinstance(whole, list) else [whole]
         found = [(start, item) for item in items]
     else:
@@ -145,14 +136,23 @@ def _conversations(path: Path, key: str) -> list[tuple[int, dict[str, Any]]]:
     return found
 
 
+def _whole(path: Path, lines: list[tuple[int, str]]) -> tuple[int, Any]:
+    """(the first non-blank line's number, the file decoded as one JSON value)."""
+    start = next((n for n, t in lines if t.strip()), 1)
+    try:
+        return start, loads("".join(t for _, t in lines))
+    except JSONProblem as exc:
+        raise StoryError(path, exc.line if exc.column else start, _hinted(exc, "file")) from None
+
+
 def _hinted(problem: JSONProblem, what: str) -> str:
     """The decoder's words, with the likely cause of malformed JSON in a conversation file."""
     cut = problem.message.startswith("malformed JSON")
     return f"{problem.message} (is the {what} cut short?)" if cut else problem.message
 
 
-def _jsonl(lines: list[tuple[int, str]]) -> bool:
-    first = next((t for _, t in lines if t.strip()), "")
+def _jsonl(first: str) -> bool:
+    """Whether the first non-blank line is a JSON value of its own (a JSONL file)."""
     try:
         loads(first)
     except JSONProblem:
