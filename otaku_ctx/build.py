@@ -213,8 +213,7 @@ def lore_entries(story: Story, settings: Settings) -> tuple[LoreEntry, ...]:
 
     own = tuple(e if e.character else replace(e, chat=True) for e in story.world)
     books = tuple(e for f in settings.lore.files for e in read_world_info(Path(f)))
-    cards = [m.card for m in story.cards if m.card] + list(story.info.cast)
-    return own + books + tuple(e for card in cards for e in card.book)
+    return own + books + tuple(e for card in story.known_cards for e in card.book)
 
 
 def lore_character(story: Story, names: Names) -> Character | None:
@@ -223,8 +222,7 @@ def lore_character(story: Story, names: Names) -> Character | None:
     name, with the card's tags; `{{char}}` with no card has no tags; no `{{char}}`, no one."""
     if not names.char:
         return None
-    cards = [m.card for m in story.cards if m.card] + list(story.info.cast)
-    card = next((c for c in cards if c.name == names.char), None)
+    card = next((c for c in story.known_cards if c.name == names.char), None)
     if card is None:
         return Character(names.char)
     import re

@@ -49,7 +49,7 @@ class Variables:
 
     def lore_text(self, d: LoreDecision) -> str:
         """An entry's content with `{{char}}` (its character's, for character lore) and `{{user}}`."""
-        card = next((c for c in self.known_cards if c.name == d.entry.character), None)
+        card = next((c for c in self.story.known_cards if c.name == d.entry.character), None)
         return self.names.within(card).fill(d.entry.content).strip("\n")
 
     @cached_property
@@ -74,13 +74,8 @@ class Variables:
         return compiled(self.settings.card_template, "[prompt] card_template")
 
     @cached_property
-    def known_cards(self) -> list[Card]:
-        """The story's cards, then its cast."""
-        return [m.card for m in self.story.cards if m.card] + list(self.story.info.cast)
-
-    @cached_property
     def main_card(self) -> Card | None:
-        cards = self.known_cards
+        cards = self.story.known_cards
         return next((c for c in cards if c.name == self.names.char), cards[0] if cards else None)
 
     def card_text(self, card: Card) -> str:
@@ -119,7 +114,7 @@ class Variables:
     def fixed(self) -> dict[str, Any]:
         """The variables that do not depend on the assembly."""
         story, names, card = self.story, self.names, self.main_card
-        cards = self.known_cards
+        cards = self.story.known_cards
         # Each persona once: the user first, then every other name the user's rows speak as.
         speakers = (name for role, name in story.speakers if role == "user" and name)
         users = list(dict.fromkeys([*([names.user] if names.user else []), *speakers]))

@@ -43,8 +43,7 @@ def to_native_lines(story: Story) -> list[str]:
     records.extend(_message_record(m) for m in story.messages)
     records.extend(_scene_record(s) for s in story.scenes)
     records.extend(_lore_record(entry) for entry in story.lore)
-    cards = [m.card for m in story.cards if m.card] + list(story.info.cast)
-    world = [*story.world, *(e for card in cards for e in card.book)]
+    world = [*story.world, *(e for card in story.known_cards for e in card.book)]
     records.extend(_world_info_record(entry) for entry in world)
     return [json.dumps(record, ensure_ascii=False) for record in records]
 

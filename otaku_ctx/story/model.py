@@ -211,6 +211,11 @@ class Story:
         return tuple(m for m in self.messages if m.card is not None)
 
     @cached_property
+    def known_cards(self) -> tuple[Card, ...]:
+        """Every character the story has a card for: its card messages' cards, then its cast."""
+        return tuple(m.card for m in self.cards if m.card) + self.info.cast
+
+    @cached_property
     def longest_text(self) -> int:
         """The characters of the story's longest single text (a message, a summary or history,
         the system message): what one render may have to hold whatever the window."""
