@@ -42,6 +42,16 @@ def search_dirs(kind: str) -> list[Path]:
     return [user_dir(kind), shipped(kind)]
 
 
+def model_cache() -> Path:
+    """Where tokenizers converted from a model file are kept, keyed by the file's identity."""
+    return otaku_home() / "cache" / "models"
+
+
+def count_cache() -> Path:
+    """Where a server-backed tokenizer keeps the counts its server gave, per server model."""
+    return otaku_home() / "cache" / "counts"
+
+
 def template_cache() -> Path:
     """Where templates compiled on this machine are kept (`hbs.store`)."""
     return otaku_home() / "cache" / "templates"

@@ -59,9 +59,22 @@ class TokenCounter:
         count: Callable[[str], int],
         additive: bool = True,
         context: Callable[[str], str] | None = None,
+        *,
+        specials: tuple[str, ...] = (),
+        bos: str = "",
+        added: int = 0,
     ) -> None:
-        self.name = name
+        self.name = name  # what counted, as `inspect` says it
         self._count = count
+        # A model's counter (model/) counts a text as the model's server parses it: a control
+        # token spelled in it (`<|im_end|>`, `[INST]`) is the one token it is. `specials` are
+        # those control tokens, which story text must not spell in a text prompt (the renderer
+        # breaks them up); `bos` is the model's BOS text and `added` the tokens the server
+        # adds to a whole prompt (its BOS, where the model adds one). cl100k_base and the
+        # estimate know no model: none of these.
+        self.specials = specials
+        self.bos = bos
+        self.added = added
         self._cache = _Cache()
         self._context = context
         self._contexts = _Cache()

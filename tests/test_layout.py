@@ -28,18 +28,21 @@ STAGES: dict[str, set[str]] = {
     "files": {"errors", "status"},
     "tokens": {"errors", "status"},
     "backend": {"errors", "status"},  # the one HTTP client for the user's model server
+    # the model the user runs: its files (GGUF, tokenizer.json, Mistral's), its server's tokenizer
+    "model": FOUNDATION | {"backend"},
     "story": {"errors", "status", "files"},
     "lore": {"story"},
     "assemble": {"story"},
     "config": {"errors", "status", "locations", "tokens", "lore", "assemble"},
     "hbs": {"errors", "status", "story"},  # story: the `Role` of a block, nothing else
-    "render": FOUNDATION | {"story", "lore", "assemble", "config", "hbs"},
-    "summarize": FOUNDATION | {"story", "config", "backend"},  # asks its model through backend/ only
-    "build": FOUNDATION | {"story", "lore", "assemble", "config", "hbs", "render", "backend"},
-    "replay": FOUNDATION | {"story", "config", "hbs", "render", "build"},
-    "report": FOUNDATION | {"story", "lore", "assemble", "render", "build"},
+    "render": FOUNDATION | {"story", "lore", "assemble", "config", "hbs", "model"},
+    "summarize": FOUNDATION | {"story", "config", "backend", "model"},  # asks its model through backend/ only
+    "build": FOUNDATION | {"story", "lore", "assemble", "config", "hbs", "render", "backend", "model"},
+    "replay": FOUNDATION | {"story", "config", "hbs", "render", "build", "model"},
+    "report": FOUNDATION | {"story", "lore", "assemble", "render", "build", "model"},
     "cli": FOUNDATION
-    | {"story", "lore", "assemble", "config", "hbs", "render", "build", "replay", "report", "backend", "summarize", ""},
+    | {"story", "lore", "assemble", "config", "hbs", "render", "build", "replay", "report", "backend", "summarize"}
+    | {"model", ""},
     "__main__": {"status", "cli", ""},
     "": {"story", "lore", "assemble", "config", "hbs", "render", "build", "errors", "tokens"},  # the lazy public API
 }
