@@ -27,7 +27,7 @@ from .render.templates import PromptTemplate
 from .render.variables import OPEN_MARK, Variables
 from .story.detect import read_story
 from .story.model import LoreEntry, Message, Story
-from .tokens import TokenCounter, make_counter
+from .tokens import TokenCounter
 
 # The most chat messages lore ever reads: TF-IDF's window, the turns replayed, the deepest scan.
 LORE_READS = IDF_MESSAGES + MOST_REPLAY + MOST_SCAN_DEPTH
@@ -132,15 +132,20 @@ class Prepared:
     format: Format
     emit: str
 
-    def renderer(self, lore: LoreChoice | None = None, reserve: int = 0) -> PromptRenderer:
+    def renderer(
+        self, lore: LoreChoice | None = None, reserve: int = 0, count: TokenCounter | None = None
+    ) -> PromptRenderer:
         """The renderer of this story with `lore` in its variables, for a reply reserve of
-        `reserve` tokens (a request body's `max_tokens`)."""
+        `reserve` tokens (a request body's `max_tokens`), for the model `count` counts for:
+        its control tokens broken up in a text prompt's story text, its BOS left to the
+        server that adds it, a chat counted as the format renders it (docs/model.md)."""
         p, m = self.settings.prompt, self.settings.model
         variables = Variables(self.story, self.names.names, p, lore or LoreChoice.empty())
         bound = bound_for_window(m.window, self.story.longest_text)
-        return PromptRenderer(
+        renderer = PromptRenderer(
             variables, self.template, self.format, self.emit, reserve, bound, m.name, m.max_stop_strings
         )
+        return renderer.for_model(count) if count is not None and count.parses_specials else renderer
 
 
 def prepare(story: Story, settings: Settings, *, emit: str = "text") -> Prepared:
@@ -316,7 +321,7 @@ class Attempt:
 
 
 def attempt(prepared: Prepared, lore: LoreChoice, count: TokenCounter, budget: Budget) -> Attempt:
-    renderer = prepared.renderer(lore, budget.reserve)
+    renderer = prepared.renderer(lore, budget.reserve, count)
     pricer = TemplatePricer(renderer, count)
     shape, policy = shape_of(prepared.settings), policy_of(prepared.settings)
     assembly = assemble(prepared.story, shape, budget.limit, pricer, reserve=budget.reserve, policy=policy)
@@ -352,7 +357,7 @@ def fit_lore(prepared: Prepared, lore: LoreChoice, count: TokenCounter, budget: 
 def _build(prepared: Prepared, count: TokenCounter | None = None) -> tuple[Built, PromptRenderer]:
     """Choose the lore, then assemble the story around it for the configured window and
     render the prompt (cases 1–6)."""
-    count = count or make_counter(prepared.settings.model.tokenizer)
+    count = count or counter_for(prepared.settings)
     budget = budget_of(prepared.story, prepared.settings, count)
     fitted = fit_lore(prepared, choose_lore(prepared, count, budget.limit), count, budget)
     a, lore, names = fitted.assembly, fitted.lore, prepared.names
@@ -361,3 +366,68 @@ def _build(prepared: Prepared, count: TokenCounter | None = None) -> tuple[Built
     blocks = fitted.pricer.blocks(a)
     prompt = fitted.renderer.emitted(blocks)
     return Built(a, budget, count.name, prompt, tuple(blocks), lore, names), fitted.renderer
+
+
+# --- the model ------------------------------------------------------------------------------
+
+
+def counter_for(settings: Settings) -> TokenCounter:
+    """A fresh counter for `[model] tokenizer` (after `with_model`): a name, "server", or a
+    tokenizer file. Every command that counts makes its counter here."""
+    from .model.resolve import counter
+
+    m = settings.model
+    return counter(m.tokenizer, m.server or settings.summarize.url)
+
+
+def with_model(settings: Settings) -> Settings:
+    """The settings with what `[model] use` (`--use`) gives, where the user set nothing of
+    their own: the model's tokenizer, its chat template as the format, and its window — with
+    `tokenizer = "server"`, the window the server enforces. A part the user set wins: given
+    on the command line, or in the config file as something other than its default."""
+    from dataclasses import replace
+
+    m = settings.model
+    model: dict[str, Any] = {}
+    prompt: dict[str, Any] = {}
+    label = f"the model ({m.use})"
+    if m.use:
+        from .model.resolve import locate
+
+        files = locate(m.use)
+        if not _user_set(settings, "model.tokenizer"):
+            model["tokenizer"] = files.tokenizer
+        if not _user_set(settings, "prompt.format") and (template := files.template):
+            prompt["format"] = template
+        if not _user_set(settings, "model.window") and (window := files.window):
+            model["window"] = window
+    if model.get("tokenizer", m.tokenizer) == "server" and not _user_set(settings, "model.window"):
+        from .model.resolve import server_window
+
+        server = m.server or settings.summarize.url
+        if server and (window := server_window(server)):
+            model["window"], label = window, f"the server ({server})"
+    if not model and not prompt:
+        return settings
+    sources = dict(settings.sources)
+    sources.update({f"model.{key}": label for key in model})
+    sources.update({f"prompt.{key}": label for key in prompt})
+    return replace(
+        settings,
+        model=replace(settings.model, **model),
+        prompt=replace(settings.prompt, **prompt),
+        sources=sources,
+    )
+
+
+def _user_set(settings: Settings, dotted: str) -> bool:
+    """Whether the user chose `dotted` themselves: on the command line, or in the config file
+    as a value other than the default (a file `ctx config init` wrote holds every default)."""
+    source = settings.sources.get(dotted, "default")
+    if source == "default":
+        return False
+    if dotted in settings.given:
+        return True
+    section, key = dotted.split(".")
+    values = getattr(settings, section)
+    return bool(getattr(values, key) != getattr(type(values)(), key))

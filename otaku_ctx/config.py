@@ -103,8 +103,16 @@ class PromptSettings:
 class ModelSettings:
     """`[model]`: the model the prompt is for."""
 
-    window: int = setting(8192, "the model's context window in tokens", "count", least=1)
-    tokenizer: str = setting("cl100k_base", 'token counter: "cl100k_base" (exact) or "estimate" (len/4)', "tokenizer")
+    use: str = setting(
+        "", "the model you run: a GGUF file, a Hugging Face folder or an Ollama name (docs/model.md)", "text"
+    )
+    window: int = setting(8192, "the model's context window in tokens (with `use`: the model's own)", "count", least=1)
+    tokenizer: str = setting(
+        "cl100k_base",
+        'token counter: "cl100k_base", "estimate" (len/4), "server", or a tokenizer file (docs/model.md)',
+        "tokenizer",
+    )
+    server: str = setting("", "the model server `tokenizer = \"server\"` asks, e.g. http://127.0.0.1:8080", "text")
     name: str = setting("", 'the "model" of openai-chat/openai-completion request bodies; "" = left out', "text")
     max_stop_strings: int = setting(
         4, "request bodies send at most this many stop strings (OpenAI: 4); 0 = all", "count"
@@ -317,6 +325,14 @@ def _text(c: _Check) -> str:
     return c.value
 
 
+def _tokenizer(c: _Check) -> str:
+    """A counter's name (`tokens`' own, or "server") or a tokenizer file, found when it is used."""
+    names = (*TOKENIZERS, "server")
+    if not isinstance(c.value, str) or c.value not in names and not Path(c.value).expanduser().exists():
+        raise c.wrong(", ".join(f'"{name}"' for name in names) + " or a tokenizer file that exists")
+    return c.value
+
+
 def _one_of(choices: Sequence[str]) -> Callable[[_Check], str]:
     def check(c: _Check) -> str:
         if c.value not in choices:
@@ -342,7 +358,7 @@ CHECKS: dict[str, Callable[[_Check], Any]] = {
     "cache": _one_of(CACHES),
     "engine": _one_of(ENGINES),
     "strategy": _one_of(STRATEGIES),
-    "tokenizer": _one_of(TOKENIZERS),
+    "tokenizer": _tokenizer,
 }
 
 

@@ -81,6 +81,15 @@ def one_run() -> Iterator[Run]:
         _run.reset(token)
 
 
+def record_input(path: Path | str) -> None:
+    """Record a file read another way than `read_input` (a model file, mapped or read in
+    parts) as an input of this run, so no output may be written onto it."""
+    try:
+        _record(os.stat(path), str(path))
+    except OSError:
+        pass  # its reader reports what is wrong with it
+
+
 def _record(info: os.stat_result, shown: str) -> None:
     run = _run.get()
     if run is not None:

@@ -75,6 +75,7 @@ class TokenCounter:
         self.specials = specials
         self.bos = bos
         self.added = added
+        self.parses_specials = False  # set by model/ for a model's counter
         self._cache = _Cache()
         self._context = context
         self._contexts = _Cache()

@@ -73,6 +73,8 @@ class Spy:
         self.seen: list[str] = []
         self.name = self.inner.name
         self.additive = True
+        self.added = 0  # a counter of no model: the server adds nothing
+        self.parses_specials = False
 
     def __call__(self, text: str) -> int:
         self.seen.append(text)

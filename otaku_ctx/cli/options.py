@@ -50,11 +50,6 @@ class SourceFormat(StrEnum):
     tavernai = "tavernai"
 
 
-class TokenizerName(StrEnum):
-    cl100k_base = "cl100k_base"
-    estimate = "estimate"
-
-
 # File arguments stay text as given: `-` is stdin but `./-` a file, and `--config ''` is not `.`.
 StoryArg = Annotated[str, typer.Argument(help="The story file, or - to read it from stdin.", show_default=False)]
 ConfigPath = Annotated[
@@ -122,7 +117,21 @@ _shared("head", int | None, "context.head_messages", metavar="N", help="Opening 
 _shared("tail", int | None, "context.min_tail_messages", metavar="N", help="Recent messages kept verbatim, at least.")
 _shared("reserve", str | None, "context.reply_reserve", metavar="TOKENS|auto", help="Tokens kept free for the reply.")
 _shared("cache", str | None, "context.cache", metavar="exact|stable", help="How the shape is chosen (docs/caching.md).")
-_shared("tokenizer", TokenizerName | None, "model.tokenizer", help="cl100k_base (exact) or estimate (len/4).")
+_shared(
+    "use",
+    str | None,
+    "model.use",
+    metavar="GGUF|DIR|OLLAMA-NAME",
+    help="The model you run: its tokenizer, chat template and window (docs/model.md).",
+)
+_shared(
+    "tokenizer",
+    str | None,
+    "model.tokenizer",
+    metavar="NAME|FILE",
+    help="cl100k_base, estimate (len/4), server, or a tokenizer file (GGUF, tokenizer.json, Mistral's).",
+)
+_shared("server", str | None, "model.server", metavar="URL", help="The model server --tokenizer server asks.")
 _shared("lore", list[str] | None, "lore.files", metavar="FILE", help="Read a World Info lorebook; repeatable.")
 _shared("debug", Debug)
 _DEFAULTS: dict[str, Any] = {"emit": Emit.text, "debug": False}
@@ -143,7 +152,10 @@ class Request:
     summaries: str | None = None  # --summaries FILE|none
 
     def settings(self) -> Settings:
-        return settings_from(self.config, self.overrides)
+        """The settings, with what the model `--use` names gives where the user set nothing."""
+        from ..build import with_model
+
+        return with_model(settings_from(self.config, self.overrides))
 
     def read_story(self) -> Story:
         """The story with its cards, read (see `read_story`)."""
@@ -154,14 +166,13 @@ class Request:
     def run(self) -> tuple[Built, Story]:
         """Read the story and build it: (the `Built` result, the `Story`). What the reader
         chose for the user (which conversation of many) is said on stderr."""
-        from ..build import build
-        from ..tokens import make_counter
+        from ..build import build, counter_for
 
         settings = self.settings()
         with progress(terminal()) as phase:
             # The tokenizer first: its load-time peak is then over before the story takes memory.
             phase("loading the tokenizer")
-            count = make_counter(settings.model.tokenizer)
+            count = counter_for(settings)
             phase(f"reading {self.story}")
             story = self.read_story()
             phase(f"building the prompt from {len(story):,} messages")
@@ -194,8 +205,9 @@ def prompt_options(command: F) -> F:
             for name, _, dotted in PROMPT_OPTIONS
             if dotted and (value := options[name]) is not None
         }
-        for flag in ("template", "format"):
+        for flag in ("template", "format", "use", "tokenizer"):
             named(options[flag], f"--{flag}", "an empty name; name one, or a file")
+        named(options["server"], "--server", "an empty URL; name the model server")
         for lore in options["lore"] or ():
             named(lore, "--lore", "an empty path; name a lorebook file")
         source = options["source_format"]

@@ -56,9 +56,9 @@ def summarize_cmd(
 ) -> None:
     """Summarize STORY's scenes with your own model into STORY.ctx-summaries (the story file is
     never written); run it again to do only what is missing or stale."""
+    from ..build import counter_for, with_model
     from ..story.sidecar import read_sidecar
     from ..summarize import plan_for, prompts_of, summarize
-    from ..tokens import make_counter
 
     given = {"url": url, "model": model, "window": window, "jobs": jobs}
     settings = settings_from(config, {f"summarize.{k}": (v, f"--{k}") for k, v in given.items() if v is not None})
@@ -68,7 +68,8 @@ def summarize_cmd(
         story, source_format.value if source_format else None, (), conversation, story_bound(max_story_size), "none"
     )
     records = read_sidecar(sidecar) if sidecar.is_file() else []
-    prompts = prompts_of(settings.summarize, make_counter(settings.model.tokenizer))
+    # counted as the configured model counts (`--tokenizer server`: as the summarizer's own server does)
+    prompts = prompts_of(settings.summarize, counter_for(with_model(settings)))
     if dry_run:
         _show_plan(story, sidecar, plan_for(told, records, prompts, settings.summarize, None), as_json)
         return

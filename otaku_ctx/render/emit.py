@@ -11,7 +11,8 @@ from typing import Any
 
 from ..assemble import Assembly, Part
 from ..hbs.blocks import Block
-from .formats import Format, render_messages, render_text
+from .formats import Format, render_messages, text_pieces
+from .specials import broken_up
 from .templates import PromptTemplate
 from .variables import OPEN_MARK, Variables
 
@@ -34,6 +35,23 @@ class PromptRenderer:
     bound: int | None = None  # characters a render may produce (hbs.bound_for_window), None = no bound
     model: str = ""  # the request body's "model"; "" = left out
     max_stops: int = 0  # at most this many stop strings in a request body; 0 = all
+    # For a model's counter (`for_model`): its control tokens, broken up in a text prompt's
+    # blocks; the BOS text its server adds itself, so a text prompt does not spell it too;
+    # and whether a chat is counted as the format's text (the server renders the messages
+    # with the model's template) rather than by OpenAI's rule.
+    specials: tuple[str, ...] = ()
+    server_bos: str = ""
+    chat_as_text: bool = False
+
+    def for_model(self, count: Any) -> PromptRenderer:
+        """This renderer for the model `count` (a model's `TokenCounter`) counts for."""
+        server_bos = count.bos if count.added and count.bos else ""
+        return replace(self, specials=tuple(count.specials), server_bos=server_bos, chat_as_text=True)
+
+    @property
+    def text_form(self) -> bool:
+        """The prompt is one text a server tokenizes whole (not chat messages)."""
+        return self.emit in ("text", "openai-completion")
 
     def render(
         self, head: Sequence[Part], recap: Sequence[Part], tail: Sequence[Part], *, anchored: bool = True
@@ -43,6 +61,8 @@ class PromptRenderer:
         variables = self.variables.for_assembly(head, recap, tail, anchored=anchored)
         blocks = self.template.render(variables, self.bound)
         out = [replace(b, text=b.text.replace(OPEN_MARK, "")) if OPEN_MARK in b.text else b for b in blocks]
+        if self.specials and self.text_form:
+            out = [replace(b, text=broken_up(b.text, self.specials)) for b in out]
         if out and OPEN_MARK in blocks[-1].text and out[-1].role == "assistant":
             out[-1] = replace(out[-1], open=True)
         return out
@@ -77,7 +97,17 @@ class PromptRenderer:
         return body
 
     def text(self, blocks: Sequence[Block]) -> str:
-        return render_text(self.format, blocks)
+        return "".join(self.pieces(blocks))
+
+    def pieces(self, blocks: Sequence[Block]) -> list[str]:
+        """The text prompt in pieces (`text_pieces`), less the BOS the server adds itself."""
+        pieces = text_pieces(self.format, blocks)
+        if self.server_bos:
+            for i, piece in enumerate(pieces):
+                if piece:
+                    pieces[i] = piece.removeprefix(self.server_bos)
+                    break
+        return pieces
 
     def emitted(self, blocks: Sequence[Block]) -> str:
         """The prompt exactly as printed. JSON ends with a newline; text does not, since a
@@ -96,4 +126,5 @@ class PromptRenderer:
 
     @property
     def chat_counted(self) -> bool:
-        return self.emit in ("messages", "openai-chat")
+        """The prompt is counted as chat messages by OpenAI's rule (no model is known)."""
+        return self.emit in ("messages", "openai-chat") and not self.chat_as_text

@@ -17,7 +17,6 @@ from ..hbs.blocks import Block
 from ..story.model import Message, Role, Scene
 from ..tokens import TokenCounter
 from .emit import PromptRenderer
-from .formats import text_pieces
 
 # A chat message costs its content plus the role and the message's own framing; OpenAI's
 # published rule for cl100k chat models is 3 tokens a message + the role, and 3 to prime
@@ -69,7 +68,7 @@ class TemplatePricer:
     def pieces(self, blocks: Sequence[Block]) -> list[str]:
         if self.renderer.chat_counted:
             return [m["content"] for m in self.renderer.messages(blocks)]
-        return text_pieces(self.renderer.format, blocks)
+        return self.renderer.pieces(blocks)
 
     def piece_cost(self, piece: str) -> int:
         overhead = MESSAGE_OVERHEAD if self.renderer.chat_counted else 0
@@ -77,7 +76,7 @@ class TemplatePricer:
 
     def cost(self, blocks: Sequence[Block]) -> int:
         """Tokens of the emitted prompt for these blocks, as the sum of its pieces."""
-        priming = REPLY_PRIMING if self.renderer.chat_counted else 0
+        priming = REPLY_PRIMING if self.renderer.chat_counted else self.count.added
         return sum(self.piece_cost(p) for p in self.pieces(blocks)) + priming
 
     def region(self, pieces: list[str], start: int, end: int) -> int:
@@ -196,7 +195,7 @@ class TemplatePricer:
         if self.renderer.chat_counted:
             contents = [m["content"] for m in self.renderer.messages(blocks)]
             return sum(self.count(c) + MESSAGE_OVERHEAD for c in contents) + REPLY_PRIMING
-        return self.count(self.renderer.text(blocks))
+        return self.count(self.renderer.text(blocks)) + self.count.added
 
 
 # The stand-in texts of `_derived`: private-use characters around a per-run nonce (story text

@@ -1,0 +1,183 @@
+"""Which model, and which counter: `[model] use` (`--use`) resolved to the model's files,
+and the counter a `[model] tokenizer` names.
+
+`use` is a GGUF file, a Hugging Face model folder (tokenizer.json, tokenizer_config.json,
+config.json) or an Ollama model name, resolved through Ollama's manifests to the GGUF blob
+it serves. From it come the tokenizer, the chat template (with its BOS and EOS texts) and
+the window; `build.with_model` decides which of them the user's own settings override.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..files import read_input, record_input
+from ..tokens import TOKENIZERS, TokenCounter, make_counter
+
+GGUF_MAGIC = b"GGUF"
+# Mistral's own tokenizer files, as mistral-common and Mistral's model folders ship them.
+_MISTRAL = re.compile(r"(\.model\.v\d+m?\d*$)|(^tekken.*\.json$)", re.IGNORECASE)
+_CONFIG_BOUND = 1 << 20  # a model folder's config.json: a few kilobytes
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """What `use` names, found: a GGUF file, or a Hugging Face model folder."""
+
+    given: str
+    gguf: Path | None = None
+    folder: Path | None = None
+
+    @property
+    def tokenizer(self) -> str:
+        """The `[model] tokenizer` that counts as this model does: its own file."""
+        if self.gguf is not None:
+            return str(self.gguf)
+        assert self.folder is not None
+        return str(self.folder)
+
+    @property
+    def template(self) -> str | None:
+        """The `[prompt] format` of this model's own chat template, if it has one."""
+        if self.gguf is not None:
+            from .gguf import read_gguf
+
+            return str(self.gguf) if read_gguf(self.gguf).chat_template else None
+        assert self.folder is not None
+        for name in ("tokenizer_config.json", "chat_template.jinja"):
+            if (self.folder / name).is_file():
+                return str(self.folder / name)
+        return None
+
+    @property
+    def window(self) -> int | None:
+        """The window the model was trained for: the GGUF's `<arch>.context_length`, or a
+        folder's config.json `max_position_embeddings`."""
+        if self.gguf is not None:
+            from .gguf import read_gguf
+
+            return read_gguf(self.gguf).context_length
+        assert self.folder is not None
+        config = self.folder / "config.json"
+        if not config.is_file():
+            return None
+        try:
+            data = json.loads(read_input(config, "model config", _CONFIG_BOUND))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ConfigError(str(config), None, "not valid JSON; fix the file or set --window") from None
+        value = data.get("max_position_embeddings") if isinstance(data, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def locate(use: str) -> ModelFiles:
+    """The model `use` names: a folder, a file (a GGUF), or else an Ollama model name."""
+    path = Path(use).expanduser()
+    if path.is_dir():
+        record_input(path)
+        return ModelFiles(use, folder=path)
+    if path.exists() or path.suffix.lower() == ".gguf" or use.startswith((".", "/", "~")):
+        if not path.exists():
+            raise ConfigError(use, None, "no such model file; give a GGUF file, a model folder or an Ollama name")
+        record_input(path)
+        return ModelFiles(use, gguf=path)
+    from .ollama import ollama_model
+
+    blob = ollama_model(use)
+    record_input(blob)
+    return ModelFiles(use, gguf=blob)
+
+
+def counter(spec: str, server: str = "") -> TokenCounter:
+    """A fresh counter for `[model] tokenizer`: a name of `tokens`' (cl100k_base, estimate),
+    "server" (the tokenize endpoint of the model server at `server`), or a tokenizer file
+    or folder: a GGUF, a Hugging Face tokenizer.json (or a folder holding one), Mistral's
+    SentencePiece `*.model.v*` or Tekken `tekken*.json`."""
+    if spec in TOKENIZERS:
+        return make_counter(spec)
+    made = server_counter(server) if spec == "server" else _file_counter(Path(spec).expanduser())
+    made.parses_specials = True
+    return made
+
+
+def _file_counter(path: Path) -> TokenCounter:
+    kind = tokenizer_kind(path)
+    record_input(path)
+    if kind == "gguf":
+        from .hf import gguf_counter
+
+        return gguf_counter(path)
+    if kind == "mistral":
+        from .mistral import mistral_counter
+
+        return mistral_counter(path)
+    from .hf import tokenizer_json_counter
+
+    return tokenizer_json_counter(path)
+
+
+def tokenizer_kind(path: Path) -> str:
+    """"gguf", "mistral" or "hf": what kind of tokenizer `path` holds, by its name (or, for a
+    file with no telling name such as an Ollama blob, its first bytes)."""
+    names = (*TOKENIZERS, "server")
+    if path.is_dir():
+        if (path / "tokenizer.json").is_file():
+            return "hf"
+        mistral = sorted(p for p in path.iterdir() if _MISTRAL.search(p.name)) if _listable(path) else []
+        if mistral:
+            return "mistral"
+        raise ConfigError(str(path), None, "no tokenizer.json (or Mistral tokenizer file) in this folder")
+    if not path.exists():
+        known = ", ".join(f'"{n}"' for n in names)
+        raise ConfigError(str(path), None, f"no such tokenizer file; expected {known}, or a tokenizer file")
+    if path.suffix.lower() == ".gguf":
+        return "gguf"
+    if _MISTRAL.search(path.name):
+        return "mistral"
+    if path.suffix.lower() == ".json":
+        return "hf"
+    if _starts_with(path, GGUF_MAGIC):
+        return "gguf"
+    raise ConfigError(
+        str(path), None, "not a tokenizer file ctx reads: a .gguf, a tokenizer.json, a *.model.v* or tekken*.json"
+    )
+
+
+def _listable(path: Path) -> bool:
+    try:
+        next(iter(path.iterdir()), None)
+    except OSError:
+        return False
+    return True
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return False
+
+
+def server_counter(server: str) -> TokenCounter:
+    """The counter of the model server at `server`: its own tokenize endpoint, its counts
+    kept in the user's cache so a rebuild asks only for what is new."""
+    if not server:
+        raise ConfigError(
+            "model.tokenizer", None, 'tokenizer "server" needs the server: give --server URL or set [model] server'
+        )
+    from ..backend import Backend
+    from ..locations import count_cache
+    from .server import server_counter as of_server
+
+    return of_server(Backend(server, ""), count_cache())
+
+
+def server_window(server: str) -> int | None:
+    """The window the model server at `server` enforces (llama.cpp: its `n_ctx` a slot)."""
+    from ..backend import Backend
+
+    return Backend(server, "").window()
