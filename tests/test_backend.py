@@ -546,9 +546,9 @@ def test_the_window_of_ollama(server: StandIn, backend: Backend, show: dict, win
 
 
 def test_no_window_said(server: StandIn, backend: Backend) -> None:
-    server.answer(NOT_FOUND, reply(200, b"<html>", kind="text/html"), NOT_FOUND)
+    server.answer(NOT_FOUND, reply(200, b"<html>", kind="text/html"), NOT_FOUND, NOT_FOUND)
     assert backend.window() is None
-    assert [s.path for s in server.seen] == ["/v1/models", "/props", "/api/show"]
+    assert [s.path for s in server.seen] == ["/v1/models", "/props", "/api/show", "/api/extra/true_max_context_length"]
 
 
 def test_the_window_probe_still_needs_the_key(server: StandIn, backend: Backend) -> None:
@@ -577,7 +577,7 @@ def test_no_tokenizer_is_asked_for_once(server: StandIn, backend: Backend) -> No
 def test_requests_stay_on_the_url_named(server: StandIn, backend: Backend) -> None:
     """Every request goes to the host and port named, under its path (or beside /v1)."""
     base = Backend(server.url.replace("/v1", "/llm/v1"), "smol", retry=Retry(sleep=lambda _: None))
-    server.answer(NOT_FOUND, NOT_FOUND, NOT_FOUND, NOT_FOUND, completion())
+    server.answer(NOT_FOUND, NOT_FOUND, NOT_FOUND, NOT_FOUND, NOT_FOUND, completion())
     base.window()
     base.tokenize("x")
     base.chat(MESSAGES, max_tokens=4, temperature=0)
@@ -585,6 +585,7 @@ def test_requests_stay_on_the_url_named(server: StandIn, backend: Backend) -> No
         "/llm/v1/models",
         "/llm/props",
         "/llm/api/show",
+        "/llm/api/extra/true_max_context_length",
         "/llm/tokenize",
         "/llm/v1/chat/completions",
     ]

@@ -14,12 +14,14 @@ from .failures import (
     FormatRefused,
     KeyMissing,
     ModelNotFound,
+    NoTokenizer,
     Refused,
     ServerBusy,
     ServerError,
     TimedOut,
     Unreachable,
 )
+from .servers import KINDS, Server
 from .transport import Retry
 
 __all__ = [
@@ -28,11 +30,14 @@ __all__ = [
     "BadReply",
     "ContextTooLong",
     "FormatRefused",
+    "KINDS",
     "KeyMissing",
     "ModelNotFound",
+    "NoTokenizer",
     "Refused",
     "Reply",
     "Retry",
+    "Server",
     "ServerBusy",
     "ServerError",
     "TimedOut",

@@ -85,6 +85,13 @@ class ServerError(BackendError):
     """Any other error reply: a 500, a 400 the server explains, a redirect, a missing endpoint."""
 
 
+class NoTokenizer(BackendError):
+    """The server has no tokenize endpoint ctx can ask (Ollama, an OpenAI-compatible gateway),
+    or the one it had is gone."""
+
+    remedy = "count with the model's own file instead (--tokenizer a GGUF file or a tokenizer.json)"
+
+
 class BadReply(BackendError):
     """A reply that is not what the API sends: not JSON, a web page, cut short, no choices."""
 
