@@ -62,6 +62,21 @@ class Built:
     blocks: tuple[Block, ...] = ()  # the prompt's role blocks (empty on refusal)
     lore: LoreChoice = LoreChoice.empty()
     names: ResolvedNames | None = None  # `{{char}}` and `{{user}}`, each with where it came from
+    controls: tuple[str, ...] = ()  # the model's control tokens the prompt's text spells (see `notes`)
+    text_form: bool = True  # the prompt is one text (its spelled control tokens were broken up)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the user should know of this prompt: control tokens its text spells."""
+        if not self.controls:
+            return ()
+        shown = ", ".join(self.controls[:5]) + (f" and {len(self.controls) - 5} more" if len(self.controls) > 5 else "")
+        if self.text_form:
+            return (f"the story spells the model's control tokens {shown}: broken up, so they stay text",)
+        return (
+            f"warning: the story spells the model's control tokens {shown}; a server that applies the"
+            " model's template may read them as control tokens (a text --emit breaks them up)",
+        )
 
 
 def shape_of(settings: Settings) -> Shape:
@@ -365,7 +380,21 @@ def _build(prepared: Prepared, count: TokenCounter | None = None) -> tuple[Built
         return Built(a, budget, count.name, None, lore=lore, names=names), fitted.renderer
     blocks = fitted.pricer.blocks(a)
     prompt = fitted.renderer.emitted(blocks)
-    return Built(a, budget, count.name, prompt, tuple(blocks), lore, names), fitted.renderer
+    controls = _controls(fitted.renderer, a, count)
+    built = Built(a, budget, count.name, prompt, tuple(blocks), lore, names, controls, fitted.renderer.text_form)
+    return built, fitted.renderer
+
+
+def _controls(renderer: PromptRenderer, assembly: Assembly, count: TokenCounter) -> tuple[str, ...]:
+    """The model's control tokens the chosen prompt's blocks spell (before any is broken up)."""
+    if not count.specials:
+        return ()
+    from dataclasses import replace
+
+    from .render.specials import spelled
+
+    blocks = replace(renderer, specials=()).blocks(assembly)
+    return tuple(spelled("\n".join(b.text for b in blocks), count.specials))
 
 
 # --- the model ------------------------------------------------------------------------------

@@ -275,6 +275,7 @@ def facts(built: Built, story_hidden: int = 0, story: Story | None = None, shown
         "reserve": built.budget.reserve,
         "reserve_source": built.budget.reserve_source,
         "tokenizer": built.tokenizer,
+        "controls": {"spelled": list(built.controls), "broken_up": built.text_form} if built.controls else None,
         "names": {"char": asdict(names.char), "user": asdict(names.user)} if names else None,
         "head": _range(a.head),
         "summaries": [s.ref for s in a.summaries],

@@ -181,6 +181,8 @@ class Request:
             terminal().say(f"ctx: {note}")
         for note in built.lore.notes:
             terminal().say(f"ctx: lore: {note}")
+        for note in built.notes:
+            terminal().say(f"ctx: {note}")
         return built, story
 
 

@@ -120,7 +120,7 @@ def _file_counter(path: Path) -> TokenCounter:
 
 
 def tokenizer_kind(path: Path) -> str:
-    """"gguf", "mistral" or "hf": what kind of tokenizer `path` holds, by its name (or, for a
+    """What kind of tokenizer `path` holds ("gguf", "mistral" or "hf"), by its name (or, for a
     file with no telling name such as an Ollama blob, its first bytes)."""
     names = (*TOKENIZERS, "server")
     if path.is_dir():
