@@ -28,6 +28,7 @@ REFERENCES = {
     "mistral-v3": ["mistral-v3"],
     "mistral-tekken": ["mistral-tekken"],
     "mistral-v7": ["mistral-v7"],
+    "mistral-v7-tekken": ["mistral-v7-tekken"],
     "gemma": ["gemma", "gemma-2"],
     "vicuna": ["vicuna"],
     "alpaca": ["alpaca"],
@@ -80,7 +81,7 @@ def test_chat_messages_fold_the_system_prompt_as_the_template_does() -> None:
 
 def test_formats_with_a_system_role_keep_it_in_chat_messages() -> None:
     story = CHAT_TEMPLATES / "group.jsonl"
-    for fmt in ("chatml", "llama3.1", "mistral-v7"):
+    for fmt in ("chatml", "llama3.1", "mistral-v7", "mistral-v7-tekken"):
         roles = [m["role"] for m in json.loads(built(story, fmt, "messages"))]
         assert roles[0] == "system", fmt
     # ChatML and Llama 3 give each speaker of a group chat a turn of their own.

@@ -33,6 +33,7 @@ BUILTINS = (
     "mistral-v3",
     "mistral-tekken",
     "mistral-v7",
+    "mistral-v7-tekken",
     "alpaca",
     "vicuna",
     "gemma",
@@ -103,6 +104,10 @@ EXPECTED = {
         "<s>[SYSTEM_PROMPT] You are Ilya, a ferryman.[/SYSTEM_PROMPT] Ilya: Welcome aboard.</s>"
         "[INST] Anna: Where are we going?[/INST] Ilya:"
     ),
+    "mistral-v7-tekken": (
+        "<s>[SYSTEM_PROMPT]You are Ilya, a ferryman.[/SYSTEM_PROMPT]Ilya: Welcome aboard.</s>"
+        "[INST]Anna: Where are we going?[/INST]Ilya:"
+    ),
     "raw": "You are Ilya, a ferryman.\n\nIlya: Welcome aboard.\n\nAnna: Where are we going?\n\nIlya:",
     "chat": "You are Ilya, a ferryman.\n\nIlya: Welcome aboard.\n\nAnna: Where are we going?\n\nIlya:",
     "gemma": (
@@ -141,6 +146,7 @@ def test_every_shipped_format_has_an_expected_rendering() -> None:
         ("mistral", " [/INST] "),
         ("mistral-v3", "Anna: Where are we going?[/INST] "),
         ("mistral-tekken", "Anna: Where are we going?[/INST]"),
+        ("mistral-v7-tekken", "Anna: Where are we going?[/INST]"),
         ("gemma", "<start_of_turn>model\n"),
         ("alpaca", "### Response:\n"),
         ("vicuna", "USER: Anna: Where are we going?\nASSISTANT:"),  # no trailing space
