@@ -4,6 +4,7 @@
     python benchmarks/bench.py --quick             # 1k and 10k, 3 runs
     python benchmarks/bench.py --sizes 1000 --repeats 9 --startup
     python benchmarks/bench.py --ctx /work/venv/bin/ctx --no-otaku
+    python benchmarks/bench.py --sizes 1000 --no-otaku --counters ~/.cache/otaku-ctx/smollm2-0.1.2/*.gguf
 
 Every figure is a whole process, timed from spawn to exit, with its peak RSS read from the
 child's own rusage (wait4; it never reads below what this small parent held, ~20 MB, the
@@ -318,6 +319,9 @@ def sizes(s: Setup, args: argparse.Namespace) -> None:
         }
         for template in args.templates:
             jobs[template] = ([*s.ctx, "build", str(story), "--template", template, *flags], s.env, args.timeout)
+        for spec in args.counters:  # the first template, counted by another tokenizer, in the same rounds
+            command = [*s.ctx, "build", str(story), "--template", args.templates[0], *flags, "--tokenizer", spec]
+            jobs[counter_label(spec)] = (command, s.env, args.timeout)
         if s.otaku:
             export = export_for(story, s.otaku)
             command = [s.otaku, str(HERE / "otaku_adapter.py"), "build", str(export), *flags[:6]]
@@ -345,6 +349,11 @@ def phases(s: Setup, story: Path, template: str, flags: list[str]) -> dict | str
         return json.loads(done.stdout)
     except ValueError:
         return "unavailable: " + (done.stderr.strip().splitlines() or ["no output"])[-1][:120]
+
+
+def counter_label(spec: str) -> str:
+    """A column's name for a --tokenizer value: a file by its name."""
+    return f"ctx {Path(spec).name}" if os.sep in spec or "." in spec else f"ctx {spec}"
 
 
 def report(rows: list[dict], s: Setup, args: argparse.Namespace) -> None:
@@ -376,6 +385,18 @@ def report(rows: list[dict], s: Setup, args: argparse.Namespace) -> None:
     for r in rows:
         ms = [r["floor"], r["parse"], *[r[x] for x in t], r["otaku"]]
         print(f"| {r['n']:,} | " + " | ".join(f"{m.rss:.0f}MB" if m.rss else "-" for m in ms) + " |")
+    if args.counters:
+        print(f"\n## the {first} build by other counters (same rounds; ratio to cl100k_base's)\n")
+        labels = [counter_label(spec) for spec in args.counters]
+        heads = ["messages", f"cl100k_base ({first})", *labels, *[f"{x}/cl100k" for x in labels]]
+        print("| " + " | ".join(heads) + " |")
+        print("|" + "|".join("---:" for _ in heads) + "|")
+        for r in rows:
+            cells = [f"{r['n']:,}", r[first].cell(), *[r[x].cell() for x in labels]]
+            print("| " + " | ".join(cells + [ratio(r[x], r[first]) for x in labels]) + " |")
+        notes_of = [f"{r['n']:,} {x}: exit {r[x].code}: {r[x].note}" for r in rows for x in labels if r[x].code]
+        for line in notes_of:
+            print(f"- {line}")
     if any(r["phases"] for r in rows):
         names = ["start-up", "tokenizer", "read", "template", "assemble", "render", "total"]
         print("\n## where ctx's time goes (one in-process run of phases.py; ms)\n")
@@ -411,6 +432,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repo", type=Path, default=HERE.parent, help="checkout put on PYTHONPATH")
     parser.add_argument("--ctx", help='a ctx command to run instead, e.g. "/work/venv/bin/ctx"')
     parser.add_argument("--tokenizer", help="passed to ctx (default: ctx's own, cl100k_base)")
+    parser.add_argument(
+        "--counters",
+        nargs="*",
+        default=[],
+        metavar="SPEC",
+        help="also time the first template with each of these --tokenizer values (a GGUF, a tokenizer.json, ...)",
+    )
     parser.add_argument("--window", type=int, default=8192)
     parser.add_argument("--head", type=int, default=20)
     parser.add_argument("--tail", type=int, default=150)
