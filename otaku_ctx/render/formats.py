@@ -98,7 +98,7 @@ import os
 import re
 import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +182,12 @@ class Format:
     system_placement: str = "in_place"
     system_preamble: str = ""
     stop: tuple[str, ...] = ()
+    # A model's own Jinja chat template (`jinja_format`): when set, a text prompt is the
+    # template's rendering of the format's turns, and the sequences above are unused. Its BOS
+    # and EOS texts are the template's `bos_token` and `eos_token`.
+    chat_template: str = field(default="", repr=False)
+    bos_token: str = ""
+    eos_token: str = ""
     # The story's names (`bind`), not read from a file: `{{user}}`, `{{char}}`, and whether
     # more than one character speaks (a group chat, for names_behavior = "force").
     user: str = ""
@@ -224,14 +230,20 @@ def format_names(search_dirs: Sequence[Path]) -> list[str]:
 
 def load_format(name_or_path: str, search_dirs: Sequence[Path]) -> Format:
     """A bare name is looked up as `<dir>/<name>.toml` (first dir that has it); a path
-    ending `.toml` is read as a format file, a path ending `.json` as a SillyTavern preset."""
+    ending `.toml` is read as a format file, a path ending `.json` as a SillyTavern preset
+    or a Hugging Face `tokenizer_config.json` (by what it holds); a `.jinja` file or a `.gguf`
+    file is a model's own chat template (`read_jinja`, `read_gguf_template`)."""
     suffix = Path(name_or_path).suffix.lower()
     if suffix == ".toml":
         return read_format(Path(name_or_path))
     if suffix == ".json":
         return read_preset(Path(name_or_path))
+    if suffix == ".jinja":
+        return read_jinja(Path(name_or_path))
+    if suffix == ".gguf":
+        return read_gguf_template(Path(name_or_path))
     if not name_or_path or "/" in name_or_path or "\\" in name_or_path:
-        raise ConfigError(name_or_path, None, "expected a format name or a .toml/.json file")
+        raise ConfigError(name_or_path, None, "expected a format name or a .toml/.json/.jinja/.gguf file")
     for folder in search_dirs:
         path = Path(folder) / f"{name_or_path}.toml"
         if os.path.lexists(path):  # a device or a dangling link there is named, not passed over
@@ -279,6 +291,8 @@ def read_preset(path: Path) -> Format:
     if not isinstance(data, dict):
         raise ConfigError(source, None, "expected a JSON object (a SillyTavern instruct preset)")
     data = {key: value for key, value in data.items() if value is not None}
+    if "input_sequence" not in data and "output_sequence" not in data and _is_tokenizer_config(data, path):
+        return tokenizer_config_format(path, data)
     if "input_sequence" not in data and "output_sequence" not in data:
         kind = "a SillyTavern context preset (story_string)" if "story_string" in data else "not an instruct preset"
         raise ConfigError(
@@ -318,6 +332,106 @@ def _instruct_stops(fmt: Format, stop_sequence: str) -> tuple[str, ...]:
     joined = "\n".join(_NAME.sub(name, seq) if name else seq for seq, name in named)  # names have no backslashes
     lines = [line for line in dict.fromkeys(joined.split("\n")) if line.strip()]
     return tuple(dict.fromkeys(("\n" if fmt.wrap else "") + line for line in lines))
+
+
+# --- a model's own chat template (Jinja) ---------------------------------------------------
+
+
+def jinja_format(template: str, *, bos: str, eos: str, name: str) -> Format:
+    """A format whose text prompts are a model's own Jinja chat template rendered over the
+    format's turns (`render.jinja`), with `bos` and `eos` as its `bos_token` and
+    `eos_token`; `name` names it in errors ("model.gguf (tokenizer.chat_template)"). The
+    template is compiled now, so one that is not valid Jinja is an error naming its line.
+
+    Its stop strings are the EOS text and what the template writes right after an
+    assistant's message (its end of turn: "<|im_end|>", "<|eot_id|>", "<end_of_turn>").
+    Consecutive turns of one role are merged (`alternate`), so a template that demands
+    alternating turns accepts the chat; system turns are sent as they are, for the template
+    to place (or refuse: a template's own refusal is an error naming it)."""
+    from .jinja import check_template, turn_end
+
+    check_template(template, name)
+    stop = _unique([eos, turn_end(template, name, bos=bos, eos=eos)])
+    return Format(name=name, chat_template=template, bos_token=bos, eos_token=eos, macro=False, stop=stop)
+
+
+def read_jinja(path: Path) -> Format:
+    """A `.jinja` chat template file. It carries no BOS or EOS text of its own, so its
+    `bos_token`/`eos_token` are undefined — unless it is a model folder's
+    `chat_template.jinja` with a `tokenizer_config.json` beside it, which has them."""
+    template = _read(path, "template")
+    config = path.parent / "tokenizer_config.json"
+    if path.name == "chat_template.jinja" and config.is_file():
+        data = _json_object(config, "instruct preset")
+        bos, eos = _token_text(str(config), data, "bos_token"), _token_text(str(config), data, "eos_token")
+        return jinja_format(template, bos=bos, eos=eos, name=str(path))
+    return jinja_format(template, bos="", eos="", name=str(path))
+
+
+def tokenizer_config_format(path: Path, data: dict[str, Any]) -> Format:
+    """A Hugging Face `tokenizer_config.json`: its `chat_template` (a string, or a list of
+    named templates, of which "default" is the chat one; a `chat_template.jinja` beside the
+    file when it has none, as newer models keep it) and its `bos_token`/`eos_token` (strings,
+    or `{"content": ...}` objects)."""
+    source = str(path)
+    template = data.get("chat_template")
+    beside = path.parent / "chat_template.jinja"
+    if template is None and beside.is_file():
+        template = _read(beside, "template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        if "default" not in named:
+            known = ", ".join(str(n) for n in named) or "none"
+            raise ConfigError(source, "chat_template", f"has no template named 'default' (it has: {known})")
+        template = named["default"]
+    if template is None:
+        raise ConfigError(source, "chat_template", "missing: this model has no chat template; give another --format")
+    if not isinstance(template, str) or not template.strip():
+        raise ConfigError(source, "chat_template", f"expected a Jinja template (a string), got {template!r:.60}")
+    bos, eos = _token_text(source, data, "bos_token"), _token_text(source, data, "eos_token")
+    return jinja_format(template, bos=bos, eos=eos, name=f"{source} (chat_template)")
+
+
+def read_gguf_template(path: Path) -> Format:
+    """A GGUF model file's `tokenizer.chat_template`, with its BOS and EOS token texts."""
+    from ..files import record_input
+    from ..model.gguf import read_gguf
+
+    record_input(path)
+    model = read_gguf(path)
+    if not model.chat_template:
+        raise ConfigError(
+            str(path), "tokenizer.chat_template", "missing: the file has no chat template; give a --format"
+        )
+    name = f"{path} (tokenizer.chat_template)"
+    return jinja_format(model.chat_template, bos=model.bos_text, eos=model.eos_text, name=name)
+
+
+def _is_tokenizer_config(data: dict[str, Any], path: Path) -> bool:
+    return "chat_template" in data or path.name == "tokenizer_config.json"
+
+
+def _token_text(source: str, data: dict[str, Any], key: str) -> str:
+    """A special token as a tokenizer config writes it: a string, or an object with its
+    "content" (transformers' AddedToken); none is empty."""
+    value = data.get(key)
+    if isinstance(value, dict):
+        value = value.get("content")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ConfigError(source, key, f'expected a string or an object with a "content" string, got {value!r:.60}')
+    return value
+
+
+def _json_object(path: Path, kind: str) -> dict[str, Any]:
+    try:
+        data = loads(_read(path, kind))
+    except JSONProblem as exc:
+        raise ConfigError(str(path), None, f"not valid JSON (line {exc.line}): {exc.message}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), None, "expected a JSON object")
+    return data
 
 
 def _read(path: Path, kind: str) -> str:
@@ -396,7 +510,10 @@ def render_text(fmt: Format, blocks: Sequence[Block]) -> str:
 
 def text_pieces(fmt: Format, blocks: Sequence[Block]) -> list[str]:
     """The text prompt in pieces: the BOS, then each turn with its sequences, the open turn
-    last. Joined, they are `render_text`; apart, they can be priced one by one."""
+    last. Joined, they are `render_text`; apart, they can be priced one by one. A format
+    with a chat template renders it whole (`_template_pieces`)."""
+    if fmt.chat_template:
+        return _template_pieces(fmt, blocks)
     blocks = list(blocks)
     if not blocks or not blocks[-1].open:
         blocks.append(Block("assistant", "", open=True))
@@ -423,8 +540,26 @@ def render_messages(fmt: Format, blocks: Sequence[Block]) -> list[dict[str, str]
     applying the model's own chat template accepts them. A blank open block is dropped;
     otherwise it is sent last as a prefill, with trailing whitespace removed (some APIs
     refuse a prefill that ends in whitespace, and the model writes the space itself)."""
+    return _messages(fmt, turns(fmt, blocks))
+
+
+def _template_pieces(fmt: Format, blocks: Sequence[Block]) -> list[str]:
+    """The prompt a model's chat template makes of the format's turns, sent as chat
+    messages are (`render_messages`): an open turn with text ("Ilya:") is the final message,
+    continued as transformers' `continue_final_message` continues it; a blank one, or none,
+    asks for a new assistant turn (`add_generation_prompt`)."""
+    from .jinja import render_chat
+
+    all_turns = turns(fmt, blocks)
+    messages = _messages(fmt, all_turns)
+    continued = bool(all_turns) and all_turns[-1].open and bool(_said(fmt, all_turns[-1]).strip())
+    template, name = fmt.chat_template, fmt.name
+    return [render_chat(template, messages, name=name, bos=fmt.bos_token, eos=fmt.eos_token, continue_final=continued)]
+
+
+def _messages(fmt: Format, all_turns: Sequence[Block]) -> list[dict[str, str]]:
     messages: list[dict[str, str]] = []
-    for block in turns(fmt, blocks):
+    for block in all_turns:
         text = _said(fmt, block)
         text = text.rstrip() if block.open else text
         if block.open and not text:

@@ -1,0 +1,439 @@
+"""A model's own Jinja chat template, rendered as transformers' `apply_chat_template` renders
+it, in jinja2's sandbox.
+
+The environment is the one transformers gives a template: an `ImmutableSandboxedEnvironment`
+with `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, `raise_exception`,
+`strftime_now`, a `tojson` filter that keeps non-ASCII text and takes `indent`, `separators`
+and `sort_keys` (`json.dumps`'s own), a `dict` that is only a constructor, a `namespace` that
+refuses attributes starting with "_", and the variables `messages`, `tools` and `documents`
+(None: ctx sends neither), `add_generation_prompt`, `bos_token` and `eos_token` (left
+undefined when the model has none, as a tokenizer without one leaves them).
+
+An open turn with text is continued as transformers' `continue_final_message` continues a
+final message: a tag is put after its text, the chat rendered, and the prompt cut where the
+tag begins (and trailing whitespace dropped when the template trimmed the space the tag ends
+with). A blank open turn is `add_generation_prompt`.
+
+A template is someone else's code, so it runs bounded (`Limits`): no file system, no imports
+and no network (the sandbox gives a template neither modules nor `__` attributes), and
+
+- output: the rendered text stops at `Limits.chars` characters (the render is a stream of
+  chunks, counted as they come);
+- growth: `+`, `*`, `**`, `%` and `~` (concatenation), the filters and the calls of string
+  methods are refused before they would make a value longer than `Limits.chars` (a string
+  doubled forty times, `"x" * 10**10`, a width of a billion in a format or `center`);
+- work: every loop iteration, call, attribute, item and operator is a step; a render stops
+  after `Limits.steps` of them or `Limits.seconds` of wall time, whichever comes first
+  (jinja2's sandbox bounds `range` at 100,000 items, not loops inside loops);
+- recursion: a macro that calls itself without end stops at Python's recursion limit.
+
+Each ends the render with a one-line `TemplateError` naming the template. What is left
+unbounded is work inside one C call on values that are already within the bounds (sorting a
+long list, say), which ends with the values.
+
+jinja2 is an optional dependency (`pip install 'otaku-ctx[model]'`): it is imported the first
+time a template is compiled, never when this module is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from ..errors import ConfigError, TemplateError
+
+# transformers' own tag: a template that splits or inspects the final message sees the same text.
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+INSTALL = "pip install 'otaku-ctx[model]'"
+_WIDTH = re.compile(r"\d{7,}")  # a width or precision of a million or more in a format string
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one render may cost: characters of output (and of any value it builds), steps of
+    work, and seconds of wall time."""
+
+    chars: int
+    steps: int = 20_000_000
+    seconds: float = 10.0
+
+
+def limits_for(messages: Sequence[Mapping[str, str]]) -> Limits:
+    """Room for what a chat template writes around these messages: each message's text twice
+    over (a template may quote a message again, in a summary line or a tool call), plus a
+    megabyte of the template's own text."""
+    text = sum(len(m.get("content", "")) + len(m.get("role", "")) for m in messages)
+    return Limits(chars=2 * text + 256 * len(messages) + 1_000_000)
+
+
+class Exceeded(Exception):
+    """A render went past one of its `Limits`."""
+
+
+class Refused(Exception):
+    """The template called `raise_exception`: the chat is not one it accepts."""
+
+
+@dataclass
+class _Budget:
+    limits: Limits
+    deadline: float
+    steps: int = 0
+
+    def tick(self) -> None:
+        self.steps += 1
+        if self.steps > self.limits.steps:
+            raise Exceeded(f"runs past {self.limits.steps:,} steps (a loop without end?)")
+        if not self.steps & 0x3FF and time.monotonic() > self.deadline:
+            raise Exceeded(f"runs past {self.limits.seconds:g} s (a loop without end?)")
+
+    def size(self, n: int, what: str) -> None:
+        if n > self.limits.chars:
+            raise Exceeded(f"would make {what} of {n:,} (the bound is {self.limits.chars:,} characters)")
+
+
+_BUDGET: ContextVar[_Budget | None] = ContextVar("jinja_budget", default=None)
+
+
+def _budget() -> _Budget:
+    budget = _BUDGET.get()
+    if budget is None:  # a template compiled here is only ever rendered by `render_chat`
+        raise Exceeded("is rendered outside ctx's bounds")
+    return budget
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+
+def render_chat(
+    template: str,
+    messages: Sequence[Mapping[str, str]],
+    *,
+    name: str,
+    bos: str = "",
+    eos: str = "",
+    continue_final: bool = False,
+    generation_prompt: bool = True,
+    limits: Limits | None = None,
+) -> str:
+    """The prompt the template makes of `messages`: ready for a new assistant turn
+    (`add_generation_prompt`, unless `generation_prompt` is False), or, with `continue_final`,
+    ending in the last message's text for the model to continue (transformers'
+    `continue_final_message`)."""
+    chat = [dict(m) for m in messages]
+    final = ""
+    if continue_final:
+        if not chat:
+            raise TemplateError(name, None, None, "there is no message to continue")
+        if "content" not in template:
+            raise TemplateError(
+                name, None, None, "the template never reads a message's content, so ctx cannot continue one"
+            )
+        final = chat[-1]["content"]
+        chat[-1]["content"] = final + CONTINUE_TAG
+    variables: dict[str, Any] = {
+        "messages": chat,
+        "tools": None,
+        "documents": None,
+        "add_generation_prompt": generation_prompt and not continue_final,
+    }
+    if bos:
+        variables["bos_token"] = bos
+    if eos:
+        variables["eos_token"] = eos
+    text = _render(compiled(template, name), variables, name, limits or limits_for(chat))
+    if not continue_final:
+        return text
+    tag = CONTINUE_TAG.strip()
+    if tag not in text or final.strip() not in text:
+        raise TemplateError(
+            name, None, None, "the template leaves out part of the open turn's text, so ctx cannot continue it"
+        )
+    at = text.rindex(tag)
+    return text[:at] if text.startswith(CONTINUE_TAG, at) else text[:at].rstrip()
+
+
+def _render(program: Any, variables: dict[str, Any], name: str, limits: Limits) -> str:
+    """Stream the render, counting characters, with the budget in force."""
+    import jinja2
+
+    budget = _Budget(limits, time.monotonic() + limits.seconds)
+    token = _BUDGET.set(budget)
+    out: list[str] = []
+    size = 0
+    try:
+        for chunk in program.generate(**variables):
+            size += len(chunk)
+            if size > limits.chars:
+                raise Exceeded(f"writes more than {limits.chars:,} characters")
+            budget.tick()
+            out.append(chunk)
+    except Refused as exc:
+        raise TemplateError(name, _line(exc), None, f"the template refuses this chat: {_one_line(exc)}") from None
+    except Exceeded as exc:
+        raise TemplateError(name, _line(exc), None, f"stopped: the template {exc}") from None
+    except RecursionError as exc:
+        raise TemplateError(name, _line(exc), None, "stopped: the template recurses too deep") from None
+    except jinja2.exceptions.SecurityError as exc:
+        raise TemplateError(name, _line(exc), None, f"the sandbox stopped the template: {_one_line(exc)}") from None
+    except MemoryError:
+        raise TemplateError(name, None, None, "stopped: the template ran out of memory") from None
+    except Exception as exc:  # the template's own error: a bug in it, or a chat it does not expect
+        kind = type(exc).__name__
+        raise TemplateError(name, _line(exc), None, f"the template failed ({kind}): {_one_line(exc)}") from None
+    finally:
+        _BUDGET.reset(token)
+    return "".join(out)
+
+
+def _line(exc: BaseException) -> int | None:
+    """The template line a render error was raised at: jinja2 gives its frames the
+    template's line numbers, under the file name "<template>"."""
+    line = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] + "…" if len(text) > 300 else text
+
+
+# --- compiling ------------------------------------------------------------------------------
+
+
+def check_template(template: str, name: str) -> None:
+    """Compile the template now, so that one that is not valid Jinja is an error when the
+    format is loaded, naming its line."""
+    compiled(template, name)
+
+
+@lru_cache(maxsize=16)
+def compiled(template: str, name: str) -> Any:
+    """The template compiled once per run, its loops and concatenations guarded (see the
+    module's notes)."""
+    try:
+        environment = _environment()
+    except ImportError:
+        raise ConfigError(name, None, f"a Jinja chat template needs jinja2: {INSTALL}") from None
+    import jinja2
+    from jinja2 import nodes
+
+    try:
+        tree = environment.parse(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(name, exc.lineno, None, f"not a valid Jinja template: {_one_line(exc)}") from None
+    for loop in tree.find_all(nodes.For):
+        loop.iter = nodes.Filter(loop.iter, "ctx_steps", [], [], None, None, lineno=loop.lineno)
+    for concat in list(tree.find_all(nodes.Concat)):
+        pieces = nodes.List(concat.nodes, lineno=concat.lineno)
+        concat.nodes = [nodes.Filter(pieces, "ctx_concat", [], [], None, None, lineno=concat.lineno)]
+    try:
+        return environment.from_string(tree)
+    except jinja2.TemplateSyntaxError as exc:  # a filter or test it does not know
+        raise TemplateError(name, exc.lineno, None, f"not a valid Jinja template: {_one_line(exc)}") from None
+
+
+@lru_cache(maxsize=1)
+def _environment() -> Any:
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Environment(ImmutableSandboxedEnvironment):
+        """transformers' sandbox, with every step counted and every growth bounded."""
+
+        intercepted_binops = frozenset(("+", "*", "**", "%"))
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            budget = _budget()
+            budget.tick()
+            _check_binop(budget, operator, left, right)
+            return super().call_binop(context, operator, left, right)
+
+        def getattr(self, obj: Any, attribute: str) -> Any:
+            _budget().tick()
+            return super().getattr(obj, attribute)
+
+        def getitem(self, obj: Any, argument: Any) -> Any:
+            _budget().tick()
+            return super().getitem(obj, argument)
+
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+            budget = _budget()
+            budget.tick()
+            _check_call(budget, __obj, args, kwargs)
+            return super().call(__context, __obj, *args, **kwargs)
+
+    environment = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    for key, function in list(environment.filters.items()):
+        environment.filters[key] = _guarded_filter(function)
+    environment.filters["tojson"] = _guarded_filter(_tojson)
+    environment.filters["ctx_steps"] = _steps
+    environment.filters["ctx_concat"] = _concat
+    environment.globals["raise_exception"] = _raise_exception
+    environment.globals["strftime_now"] = _strftime_now
+    environment.globals["dict"] = _Dict()
+    environment.globals["namespace"] = _namespace_class(jinja2.utils.Namespace)
+    return environment
+
+
+# --- what a template is given ----------------------------------------------------------------
+
+
+def _raise_exception(message: str) -> None:
+    raise Refused(message)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    """transformers' `tojson`: `json.dumps` with its own options, non-ASCII kept, no HTML escaping."""
+    if isinstance(indent, int) and indent > 64:
+        raise Exceeded(f"asks for a JSON indent of {indent:,}")
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class _Dict:
+    """`dict(...)` and `dict.fromkeys(...)`, and nothing of the type a template could climb."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict.fromkeys(*args, **kwargs)
+
+
+def _namespace_class(base: Any) -> Any:
+    """jinja2's `namespace`, refusing attributes that start with "_" (as transformers' does)."""
+
+    def check(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise Refused(f"a namespace cannot hold an attribute starting with '_' ({name!r})")
+
+    class Namespace(base):
+        def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - jinja2's own signature
+            self, rest = args[0], args[1:]
+            attrs = dict(*rest, **kwargs)
+            for key in attrs:
+                check(key)
+            base.__init__(self, attrs)
+
+        def __setitem__(self, key: str, value: Any) -> None:
+            check(key)
+            base.__setitem__(self, key, value)
+
+    return Namespace
+
+
+def _steps(value: Any) -> Iterator[Any]:
+    """A loop's items, one step each."""
+    budget = _budget()
+    for item in value:
+        budget.tick()
+        yield item
+
+
+def _concat(values: Iterable[Any]) -> str:
+    """`a ~ b`: the texts joined, within the bound."""
+    texts = [str(v) for v in values]
+    _budget().size(sum(map(len, texts)), "a concatenation")
+    return "".join(texts)
+
+
+def _guarded_filter(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A filter that counts as a step, refuses a width or count past the bound, and whose
+    result must be within it."""
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        budget = _budget()
+        budget.tick()
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, int) and not isinstance(value, bool):
+                budget.size(abs(value), "a filter's argument")
+        name = getattr(function, "__name__", "")
+        values = [a for a in args if not _is_context(a)]
+        if name == "do_replace" and len(values) >= 3:
+            _check_replace(budget, values[0], values[1], values[2])
+        result = function(*args, **kwargs)
+        if isinstance(result, (str, list, tuple, dict)):
+            budget.size(len(result), "a filter's result")
+        return result
+
+    for attribute in ("jinja_pass_arg", "__name__", "__doc__"):
+        if hasattr(function, attribute):
+            setattr(guarded, attribute, getattr(function, attribute))
+    return guarded
+
+
+def _is_context(value: Any) -> bool:
+    return type(value).__name__ in ("EvalContext", "Context", "Environment")
+
+
+def _check_binop(budget: _Budget, operator: str, left: Any, right: Any) -> None:
+    sized = (str, list, tuple)
+    if operator == "+" and isinstance(left, sized) and isinstance(right, sized):
+        budget.size(len(left) + len(right), "a sum")
+    elif operator == "*":
+        for a, b in ((left, right), (right, left)):
+            if isinstance(a, sized) and isinstance(b, int):
+                budget.size(len(a) * max(b, 0), "a repetition")
+        if isinstance(left, int) and isinstance(right, int):
+            budget.size((left.bit_length() + right.bit_length()) // 8, "a product")
+    elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
+        budget.size(left.bit_length() * max(right, 0) // 8, "a power")
+    elif operator == "%" and isinstance(left, str) and _WIDTH.search(left):
+        budget.size(max(int(w) for w in _WIDTH.findall(left)), "a format width")
+
+
+def _check_call(budget: _Budget, function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A string method asked for a width, a count or a format past the bound."""
+    method = getattr(function, "__wrapped__", function)  # the sandbox's wrapper of str.format
+    owner = getattr(method, "__self__", None)
+    if not isinstance(owner, str):
+        return
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, int) and not isinstance(value, bool):
+            budget.size(abs(value), "a string method's argument")
+    name = getattr(method, "__name__", "")
+    if name in ("format", "format_map") and _WIDTH.search(owner):
+        budget.size(max(int(w) for w in _WIDTH.findall(owner)), "a format width")
+    elif name == "replace" and len(args) >= 2:
+        _check_replace(budget, owner, args[0], args[1])
+    elif name == "join" and args and isinstance(args[0], (list, tuple)):
+        items = args[0]
+        budget.size(sum(len(str(i)) for i in items) + len(owner) * len(items), "a join")
+
+
+def _check_replace(budget: _Budget, text: Any, old: Any, new: Any) -> None:
+    if isinstance(text, str) and isinstance(old, str) and isinstance(new, str):
+        count = text.count(old) if old else len(text) + 1
+        budget.size(len(text) + count * max(len(new) - len(old), 0), "a replace")
+
+
+def turn_end(template: str, name: str, *, bos: str = "", eos: str = "") -> str:
+    """What the template writes right after an assistant's message, stripped ("<|im_end|>",
+    "<|eot_id|>", "<end_of_turn>"): the text that ends a reply. Empty when it writes only
+    whitespace there, or refuses the probe chat."""
+    mark = "\ue000reply\ue001"
+    chat = [{"role": "user", "content": "Hello."}, {"role": "assistant", "content": mark}]
+    try:
+        text = render_chat(template, chat, name=name, bos=bos, eos=eos, generation_prompt=False)
+    except TemplateError:
+        return ""
+    after = text[text.rindex(mark) + len(mark) :] if mark in text else ""
+    return after.strip().split("\n")[0].strip()
