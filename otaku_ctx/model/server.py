@@ -1,0 +1,85 @@
+"""`--tokenizer server`: the model server's own tokenize endpoint as a counter, exact by
+definition, with a persistent count cache so that a rebuild asks only for what is new.
+
+The server is asked through `backend.Backend` (llama.cpp, vLLM, KoboldCpp, TabbyAPI: see
+`backend/servers.py`): each text as the server parses a prompt (special tokens parsed, no
+BOS), once. What the server adds to a whole prompt is learned once per server model (a short
+text counted with and without its additions) and kept in the same cache. Nothing falls back:
+a server that does not answer, or has no tokenize endpoint, is a one-line error.
+"""
+
+from __future__ import annotations
+
+import atexit
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ..backend import Backend
+from ..backend.servers import LLAMA_CPP
+from ..tokens import TokenCounter
+from .counts import CountStore, meta_key, text_key
+
+#: the text whose count with and without the server's additions tells what it adds
+PROBE = "Hello"
+#: requests in flight at once when many new texts are counted together (`count_many`)
+JOBS = 4
+
+
+class ServerCounter(TokenCounter):
+    """A `TokenCounter` that asks the server, through the count cache."""
+
+    def __init__(self, backend: Backend, store: CountStore, name: str, specials: tuple[str, ...], bos: str) -> None:
+        self.backend = backend
+        self.store = store
+        super().__init__(name, self._one, specials=specials, bos=bos, added=self._added())
+
+    def _added(self) -> int:
+        key = meta_key("added")
+        found = self.store.get(key)
+        if found is None:
+            found = max(0, self.backend.count(PROBE, add_special=True) - self.backend.count(PROBE))
+            self.store.add({key: found})
+        return found
+
+    def _one(self, text: str) -> int:
+        key = text_key(text)
+        found = self.store.get(key)
+        if found is None:
+            found = self.backend.count(text)
+            self.store.add({key: found})
+        return found
+
+    def count_many(self, texts: Iterable[str]) -> list[int]:
+        """The counts of many texts; those the cache lacks are asked `JOBS` at a time (each
+        distinct text once) and kept, so that `self(text)` then asks nothing."""
+        texts = list(texts)
+        keys = [text_key(text) for text in texts]
+        missing = {key: text for key, text in zip(keys, texts, strict=True) if self.store.get(key) is None}
+        if missing:
+            asked: Sequence[int]
+            if len(missing) == 1:
+                asked = [self.backend.count(next(iter(missing.values())))]
+            else:
+                with ThreadPoolExecutor(min(JOBS, len(missing))) as pool:
+                    asked = list(pool.map(self.backend.count, missing.values()))
+            self.store.add(dict(zip(missing, asked, strict=True)))
+            self.store.flush()
+        return [self(text) for text in texts]
+
+
+def server_counter(backend: Backend, cache_dir: Path) -> ServerCounter:
+    """The counter of the server `backend` talks to. Its name says the server, its kind and
+    the model it serves (`server http://127.0.0.1:8080 (llama.cpp, SmolLM2-135M-Instruct.Q4_1.gguf)`);
+    `specials` are the control tokens the server names (llama.cpp's `/props` BOS and EOS; the
+    others name none); `bos` its BOS text; `added` what it adds to a whole prompt. Raises the
+    backend's errors (down, no tokenize endpoint) before any counting."""
+    server = backend.server()
+    if not server.counts:
+        backend.count(PROBE)  # raises NoTokenizer, naming the server
+    store = CountStore(cache_dir, server.identity)
+    atexit.register(store.flush)
+    specials = tuple(dict.fromkeys(t for t in (server.bos, server.eos) if t)) if server.kind == LLAMA_CPP else ()
+    where = backend.transport.url(backend.root)
+    name = f"server {where} ({server.kind}, {server.model})" if server.model else f"server {where} ({server.kind})"
+    return ServerCounter(backend, store, name, specials, server.bos)
