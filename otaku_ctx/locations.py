@@ -52,6 +52,13 @@ def count_cache() -> Path:
     return otaku_home() / "cache" / "counts"
 
 
+def ollama_models() -> Path:
+    """Ollama's models folder (its manifests and blobs): `$OLLAMA_MODELS`, trimmed of spaces
+    and quotes as Ollama trims it, else `~/.ollama/models` (ollama's envconfig.Models)."""
+    env = os.environ.get("OLLAMA_MODELS", "").strip().strip("\"'")
+    return Path(env) if env else Path.home() / ".ollama" / "models"
+
+
 def template_cache() -> Path:
     """Where templates compiled on this machine are kept (`hbs.store`)."""
     return otaku_home() / "cache" / "templates"
