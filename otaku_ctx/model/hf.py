@@ -1,0 +1,437 @@
+"""Counters built on Hugging Face's `tokenizers`: a model's own `tokenizer.json`, and a GGUF
+file's vocabulary converted to one, counting as llama.cpp counts.
+
+llama.cpp tokenizes a text in three steps (src/llama-vocab.cpp, `tokenize` with
+`parse_special=true`): it cuts out every control, user-defined and unknown token spelled in
+the text (longest first), splits the rest with the pre-tokenizer its `tokenizer.ggml.pre`
+names (regexes of its own, applied one after the other), and merges each piece's bytes by
+the GGUF's merge ranks. The converted tokenizer does the same three steps: those tokens as
+added tokens (matched on the raw text, not normalized, not stripped), the same regexes as
+`Split` pre-tokenizers then GPT-2's byte mapping, and a BPE model of the same vocabulary and
+merges. Only the pre-tokenizers whose llama.cpp regexes are listed in `PRE_TOKENIZERS` are
+converted; any other (or a tokenizer that is not byte-level BPE) is refused in one line.
+
+The conversion is cached as JSON under `locations.model_cache()`, keyed by the GGUF's
+identity, and loaded on the first count: a build that takes only the GGUF's template or
+window never reads the vocabulary. `tokenizers` is imported only then too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, OtakuError
+from ..tokens import TokenCounter
+from .gguf import CONTROL, UNKNOWN, USER_DEFINED, Gguf, read_gguf
+
+INSTALL = "pip install 'otaku-ctx[model]'"
+CONVERTER = 1  # the conversion's own version, part of the cache's key: bump it when the output changes
+TOKENIZER_JSON_BOUND = 256 << 20  # bytes; Gemma's 256k vocabulary is ~35 MB
+BATCH = 64  # texts encoded in one call of `encode_batch_fast`
+
+# -- llama.cpp's pre-tokenizers (llama-vocab.cpp: llm_tokenizer_bpe, and its table of names) ---
+
+# The regexes as llama.cpp applies them: its GPT-2 pattern is run by a hand-written splitter
+# that also splits any other run of spaces (the regex's own `|\s+`, written out here); its
+# Llama 3 and Qwen 2 patterns spell the contractions' case-insensitivity out ('[sS]), as
+# llama.cpp's adapted patterns do (a case-folding `(?i:...)` would also take "'ſ").
+GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+LLAMA3 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+DIGIT = r"\p{N}"
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    """One of llama.cpp's BPE pre-tokenizers: its regexes in order, and whether a piece that is
+    itself a token skips the merges (llama.cpp's `ignore_merges`)."""
+
+    regexes: tuple[str, ...]
+    ignore_merges: bool = False
+
+
+_SMOLLM = PreTokenizer((DIGIT, GPT2))
+_GPT2 = PreTokenizer((GPT2,))
+_LLAMA3 = PreTokenizer((LLAMA3,), ignore_merges=True)
+_LLAMA3_MERGED = PreTokenizer((LLAMA3,))
+_QWEN2 = PreTokenizer((QWEN2,))
+
+# `tokenizer.ggml.pre` -> the pre-tokenizer llama.cpp uses for it. Only those llama.cpp splits
+# with its hand-written splitters (GPT-2, Llama 3, Qwen 2) or, for the digits, with a regex
+# whose meaning does not depend on its std::regex emulation of Unicode classes.
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    **dict.fromkeys(
+        ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b", "mellum2"), _SMOLLM
+    ),
+    **dict.fromkeys(
+        ("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum"), _GPT2
+    ),
+    **dict.fromkeys(("modern-bert", "mpt", "olmo", "jais", "exaone4", "trillion", "granite-docling"), _GPT2),
+    **dict.fromkeys(
+        ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"),
+        _LLAMA3,
+    ),
+    **dict.fromkeys(("glm4", "glm5"), _LLAMA3),
+    **dict.fromkeys(("dbrx", "smaug-bpe", "chatglm-bpe"), _LLAMA3_MERGED),
+    **dict.fromkeys(
+        ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open"), _QWEN2
+    ),
+}
+
+
+# -- the counters -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A loaded tokenizer and what the counter says of its model: its control tokens' texts,
+    its BOS text, the tokens its server adds to a prompt, and (for a vocabulary whose special
+    tokens overlap, where `tokenizers`' leftmost-longest matching and llama.cpp's longest-first
+    partition differ) llama.cpp's partition of a text into (plain texts, special tokens)."""
+
+    tokenizer: Any
+    specials: tuple[str, ...]
+    bos: str
+    added: int
+    split: Callable[[str], tuple[list[str], int]] | None = None
+
+
+class ModelCounter(TokenCounter):
+    """A `TokenCounter` over a `tokenizers.Tokenizer` loaded on first use (a count, or asking
+    for `specials`, `bos` or `added`), which also counts many texts in batches (`count_many`)."""
+
+    def __init__(self, name: str, load: Callable[[], Loaded]) -> None:
+        super().__init__(name, self._one)
+        self._load = load
+        self._loaded: Loaded | None = None
+        self._counted: dict[str, int] = {}  # counted by `count_many`, not yet asked for one by one
+
+    def loaded(self) -> Loaded:
+        """The tokenizer and its facts, loaded now if they were not yet."""
+        if self._loaded is None:
+            self._loaded = self._load()
+        return self._loaded
+
+    # TokenCounter's attributes, read from the loaded tokenizer (the base class sets them empty)
+    @property
+    def specials(self) -> tuple[str, ...]:
+        return self.loaded().specials
+
+    @specials.setter
+    def specials(self, value: tuple[str, ...]) -> None:
+        pass
+
+    @property
+    def bos(self) -> str:
+        return self.loaded().bos
+
+    @bos.setter
+    def bos(self, value: str) -> None:
+        pass
+
+    @property
+    def added(self) -> int:
+        return self.loaded().added
+
+    @added.setter
+    def added(self, value: int) -> None:
+        pass
+
+    def _one(self, text: str) -> int:
+        known = self._counted.pop(text, None)
+        if known is not None:
+            return known
+        return self._encoded([text])[0]
+
+    def _encoded(self, texts: list[str]) -> list[int]:
+        loaded = self.loaded()
+        if loaded.split is None:
+            return [len(ids) for ids in _batch(loaded.tokenizer, texts)]
+        counts = []
+        for text in texts:
+            plain, specials = loaded.split(text)
+            counts.append(specials + sum(len(ids) for ids in _batch(loaded.tokenizer, plain)))
+        return counts
+
+    def count_many(self, texts: Iterable[str]) -> list[int]:
+        """The counts of `texts`, those not counted before encoded together in batches."""
+        texts = list(texts)
+        fresh = list(dict.fromkeys(t for t in texts if t not in self._counted and not self.known(t)))
+        for start in range(0, len(fresh), BATCH):
+            chunk = fresh[start : start + BATCH]
+            self._counted.update(zip(chunk, self._encoded(chunk), strict=True))
+        return [self(text) for text in texts]
+
+    def known(self, text: str) -> bool:
+        """Whether `text` was counted already (its count is cached)."""
+        return self._cache.get(text) is not None
+
+
+def _batch(tokenizer: Any, texts: list[str]) -> list[Any]:
+    if not texts:
+        return []
+    if len(texts) == 1:
+        return [tokenizer.encode(texts[0], add_special_tokens=False).ids]
+    return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def gguf_counter(path: Path, model: Gguf | None = None) -> ModelCounter:
+    """A counter that counts a text as llama.cpp does with this GGUF's vocabulary
+    (`parse_special=true`, nothing added): checked now, loaded on first use."""
+    model = read_gguf(path) if model is None else model
+    pre = _supported(model)
+    label = f"gguf {model.path.name} (BPE, {model.vocab_size:,} tokens)"
+    added = int(model.add_bos) + int(model.add_eos)
+
+    def load() -> Loaded:
+        tokenizer = _cached_tokenizer(model, pre)
+        decoder = tokenizer.get_added_tokens_decoder()
+        matched = [t.content for _, t in sorted(decoder.items())]
+        specials = tuple(dict.fromkeys(t.content for _, t in sorted(decoder.items()) if t.special and t.content))
+        split = _partition(matched) if _overlapping(matched) else None
+        return Loaded(tokenizer, specials, model.bos_text, added, split)
+
+    return ModelCounter(label, load)
+
+
+def _supported(model: Gguf) -> PreTokenizer:
+    where = str(model.path)
+    if model.tokenizer_model != "gpt2":
+        kind = model.tokenizer_model or "none"
+        message = f"ctx does not count the {kind!r} tokenizer itself; use --tokenizer server"
+        raise ConfigError(where, "tokenizer.ggml.model", message)
+    name = model.pre or "default"
+    pre = PRE_TOKENIZERS.get(name)
+    if pre is None:
+        message = f"ctx does not count the {name!r} pre-tokenizer itself; use --tokenizer server"
+        raise ConfigError(where, "tokenizer.ggml.pre", message)
+    _require_tokenizers()
+    return pre
+
+
+def _overlapping(texts: list[str]) -> bool:
+    """Whether two of the texts could overlap in a text (an end of one begins another), where
+    matching them leftmost-longest and llama.cpp's longest-first would differ."""
+    starts = {t[:k] for t in texts for k in range(1, len(t))}
+    return any(t[k:] in starts for t in texts for k in range(1, len(t)))
+
+
+def _partition(texts: list[str]) -> Callable[[str], tuple[list[str], int]]:
+    """llama.cpp's partition (tokenizer_st_partition): for each special token, longest first,
+    every occurrence in every plain fragment is cut out, left to right."""
+    ordered = sorted(texts, key=len, reverse=True)
+
+    def split(text: str) -> tuple[list[str], int]:
+        fragments, found = [text], 0
+        for special in ordered:
+            cut: list[str] = []
+            for fragment in fragments:
+                pieces = fragment.split(special)
+                found += len(pieces) - 1
+                cut += [p for p in pieces if p]
+            fragments = cut
+        return fragments, found
+
+    return split
+
+
+# -- the conversion ---------------------------------------------------------------------------
+
+
+def gguf_tokenizer_json(model: Gguf, pre: PreTokenizer | None = None) -> dict[str, Any]:
+    """The GGUF's vocabulary as a `tokenizer.json` (a dict) that tokenizes as llama.cpp does."""
+    pre = _supported(model) if pre is None else pre
+    vocabulary = model.vocabulary()
+    where = str(model.path)
+    types = vocabulary.token_types or (1,) * len(vocabulary.tokens)
+    tokens = [text or f"[EMPTY_{i}]" for i, text in enumerate(vocabulary.tokens)]  # llama.cpp's name for ""
+    vocab = {text: i for i, text in enumerate(tokens)}  # a text twice: the last id, as llama.cpp's map keeps
+    merges = _merges(where, vocabulary.merges, vocab)
+    added = [
+        {
+            "id": i,
+            "content": text,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": kind != USER_DEFINED,
+        }
+        for i, (text, kind) in enumerate(zip(tokens, types, strict=False))
+        if kind in (CONTROL, USER_DEFINED, UNKNOWN)
+    ]
+    splits = [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False} for regex in pre.regexes
+    ]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [*splits, byte_level]},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": pre.ignore_merges,
+            "vocab": vocab,
+            "merges": merges,
+        },
+    }
+
+
+def _merges(where: str, merges: tuple[str, ...], vocab: dict[str, int]) -> list[list[str]]:
+    """The merges as pairs, split as llama.cpp splits them (at the first space after the first
+    byte), a pair given twice kept at its first rank. A merge of tokens the vocabulary lacks, or
+    whose result it lacks, is one llama.cpp would make and then spell out in bytes, which a
+    `tokenizers` BPE cannot express: refused."""
+    pairs: list[list[str]] = []
+    seen: set[tuple[str, str]] = set()
+    for rank, merge in enumerate(merges):
+        cut = merge.find(" ", 1)
+        first, second = (merge[:cut], merge[cut + 1 :]) if cut >= 0 else ("", "")
+        if (first, second) in seen:
+            continue
+        seen.add((first, second))
+        if first not in vocab or second not in vocab or first + second not in vocab:
+            raise ConfigError(
+                where,
+                "tokenizer.ggml.merges",
+                f"merge {rank} ({merge!r}) joins tokens the vocabulary lacks; use --tokenizer server",
+            )
+        pairs.append([first, second])
+    return pairs
+
+
+def _cached_tokenizer(model: Gguf, pre: PreTokenizer) -> Any:
+    """The converted tokenizer: from the cache when it is there and loads, else converted now
+    and cached (written atomically; a cache that cannot be written only costs the next run)."""
+    from tokenizers import Tokenizer
+
+    from ..files import write_atomic
+
+    cached = _cache_file(model)
+    if cached.is_file():
+        try:
+            return Tokenizer.from_file(str(cached))
+        except Exception:  # a damaged cache file: converted again below, and replaced
+            pass
+    text = _dumps(gguf_tokenizer_json(model, pre))
+    try:
+        tokenizer = Tokenizer.from_str(text)
+    except Exception as exc:
+        raise ConfigError(str(model.path), None, f"its vocabulary does not convert: {_first_line(exc)}") from None
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cached, text)
+    except (OSError, OtakuError):  # a cache that cannot be written costs only the next run's time
+        pass
+    return tokenizer
+
+
+def _cache_file(model: Gguf) -> Path:
+    from ..locations import model_cache
+
+    return model_cache() / f"gguf-{CONVERTER}-{model.identity}.tokenizer.json"
+
+
+def _dumps(value: object) -> str:
+    try:
+        import orjson
+
+        return orjson.dumps(value).decode("utf-8")
+    except ImportError:  # pragma: no cover - orjson is a dependency
+        import json
+
+        return json.dumps(value, ensure_ascii=False)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _require_tokenizers() -> None:
+    """Fail now, in one line, if `tokenizers` is not installed (without importing it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("tokenizers") is None:
+        raise ConfigError("tokenizer", None, f"counting with a model's own tokenizer needs `tokenizers`: {INSTALL}")
+
+
+# -- a Hugging Face tokenizer.json ------------------------------------------------------------
+
+
+def tokenizer_json_counter(path: Path) -> ModelCounter:
+    """A counter of a Hugging Face `tokenizer.json` (or a model folder holding one) that counts
+    a text as transformers encodes it without adding special tokens (its special tokens spelled
+    in the text are the tokens they are); `added` is what its post-processor adds to a prompt,
+    `bos` the folder's tokenizer_config.json `bos_token`. Checked now, loaded on first use."""
+    path = Path(path)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        what = "no tokenizer.json in this folder" if path.is_dir() else "no such tokenizer file"
+        raise ConfigError(str(path), None, what if not file.exists() else "is not a regular file")
+    _require_tokenizers()
+    shown = file.parent.name if file.name == "tokenizer.json" and file.parent.name else file.name
+
+    def load() -> Loaded:
+        import json
+
+        from tokenizers import Tokenizer
+
+        text = _text(file)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                str(file), None, f"is not valid JSON (line {exc.lineno}); is it a tokenizer.json?"
+            ) from None
+        if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+            raise ConfigError(str(file), None, "is not a Hugging Face tokenizer.json (it has no model)")
+        try:
+            tokenizer = Tokenizer.from_str(text)
+        except Exception as exc:
+            raise ConfigError(str(file), None, f"does not load as a tokenizer: {_first_line(exc)}") from None
+        decoder = tokenizer.get_added_tokens_decoder()
+        specials = tuple(dict.fromkeys(t.content for _, t in sorted(decoder.items()) if t.special and t.content))
+        added = len(tokenizer.encode("", add_special_tokens=True).ids)
+        return Loaded(tokenizer, specials, _bos_text(file.parent, tokenizer), added)
+
+    return ModelCounter(f"tokenizer.json {shown}", load)
+
+
+def _text(file: Path) -> str:
+    from ..files import read_input, utf8_text
+
+    return utf8_text(read_input(file, "tokenizer file", TOKENIZER_JSON_BOUND), file)
+
+
+def _bos_text(folder: Path, tokenizer: Any) -> str:
+    """The BOS text of a Hugging Face model: tokenizer_config.json's `bos_token`, when the
+    folder has one, else the first token the post-processor adds (a Llama 3 `<|begin_of_text|>`)."""
+    import json
+
+    config = folder / "tokenizer_config.json"
+    if config.is_file():
+        try:
+            bos = json.loads(_text(config)).get("bos_token")
+        except (OtakuError, ValueError, AttributeError):
+            bos = None
+        if isinstance(bos, dict):
+            bos = bos.get("content")
+        if isinstance(bos, str):
+            return bos
+    ids = tokenizer.encode("", add_special_tokens=True).ids
+    return str(tokenizer.id_to_token(ids[0])) if ids else ""

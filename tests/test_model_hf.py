@@ -1,0 +1,253 @@
+"""The counters built on `tokenizers`: a GGUF's vocabulary converted, counting as llama.cpp counts
+(proved offline on SmolLM2's vocabulary against counts llama.cpp itself made, the golden files in
+tests/fixtures/smollm2), cached by the GGUF's identity and loaded only when first used; and a
+Hugging Face tokenizer.json."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gguf_files import I32, array, byte_alphabet, tiny_bpe, write_gguf
+
+from otaku_ctx.errors import ConfigError
+from otaku_ctx.locations import model_cache
+from otaku_ctx.model import hf
+from otaku_ctx.model.gguf import Gguf, read_gguf
+from otaku_ctx.model.hf import ModelCounter, gguf_counter, gguf_tokenizer_json, tokenizer_json_counter
+
+pytest.importorskip("tokenizers")
+
+GOLDEN = Path(__file__).parent / "fixtures" / "smollm2"
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A GGUF holding SmolLM2-135M-Instruct's tokenizer metadata (no tensors), written from the
+    golden vocabulary."""
+    with gzip.open(GOLDEN / "vocabulary.json.gz", "rt", encoding="utf-8") as f:
+        data = json.load(f)
+    metadata = {
+        "general.architecture": "llama",
+        "llama.context_length": 8192,
+        "tokenizer.ggml.model": data["tokenizer.ggml.model"],
+        "tokenizer.ggml.pre": data["tokenizer.ggml.pre"],
+        "tokenizer.ggml.tokens": data["tokens"],
+        "tokenizer.ggml.token_type": array(I32, data["token_types"]),
+        "tokenizer.ggml.merges": data["merges"],
+        "tokenizer.ggml.bos_token_id": data["tokenizer.ggml.bos_token_id"],
+        "tokenizer.ggml.eos_token_id": data["tokenizer.ggml.eos_token_id"],
+        "tokenizer.ggml.add_bos_token": False,
+    }
+    return write_gguf(tmp_path_factory.mktemp("smollm2") / "SmolLM2-135M-Instruct.gguf", metadata)
+
+
+def _golden() -> list[tuple[str, int]]:
+    with gzip.open(GOLDEN / "counts.jsonl.gz", "rt", encoding="utf-8") as f:
+        return [(r["text"], r["count"]) for r in map(json.loads, f)]
+
+
+def test_smollm2_counts_as_llama_cpp_counts(smollm2_gguf: Path) -> None:
+    """Every text llama.cpp counted (the fixtures' messages, thousands of random texts with
+    emoji, CJK, Arabic, marks, digits, odd spaces, control tokens and look-alikes) counts the
+    same, one by one and in batches."""
+    golden = _golden()
+    assert len(golden) > 3000
+    counter = gguf_counter(smollm2_gguf)
+    wrong = [(text[:80], want, counter(text)) for text, want in golden if counter(text) != want]
+    assert wrong == []
+    fresh = gguf_counter(smollm2_gguf)
+    assert fresh.count_many(text for text, _ in golden) == [want for _, want in golden]
+
+
+def test_smollm2_s_model_facts(smollm2_gguf: Path) -> None:
+    counter = gguf_counter(smollm2_gguf)
+    assert counter.name == "gguf SmolLM2-135M-Instruct.gguf (BPE, 49,152 tokens)"
+    assert (counter.bos, counter.added) == ("<|im_start|>", 0)
+    assert counter.specials[:3] == ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+    assert len(counter.specials) == 17 and "<|im_" not in counter.specials
+    assert counter("<|im_start|>user\nHi<|im_end|>") == 1 + 1 + 1 + 1 + 1  # user, \n, Hi around the two
+    assert counter("<|im_") > 1  # a part of one is ordinary text
+
+
+def test_the_tiny_vocabulary_merges_by_rank(tmp_path: Path) -> None:
+    counter = gguf_counter(write_gguf(tmp_path / "tiny.gguf", tiny_bpe()))
+    tokenizer = counter.loaded().tokenizer
+    assert tokenizer.encode(" the", add_special_tokens=False).tokens == ["Ġthe"]  # Ġ t, then h e, then Ġt he
+    assert tokenizer.encode(" and", add_special_tokens=False).tokens == ["Ġand"]
+    assert counter(" the and") == 2
+    assert counter("<|im_start|>user") == 1 + 3  # u, s, er
+    assert counter("12") == 2  # smollm isolates each digit
+    assert counter("") == 0
+
+
+def test_special_tokens_that_overlap_are_cut_as_llama_cpp_cuts_them(tmp_path: Path) -> None:
+    """llama.cpp cuts out the longest special token first, wherever it is; `tokenizers` would
+    take the leftmost. "<x|y" and "y>>>>" overlap in "<x|y>>>>": llama.cpp makes "<x|" + "y>>>>"."""
+    metadata = tiny_bpe()
+    tokens = [*metadata["tokenizer.ggml.tokens"], "<x|y", "y>>>>"]  # type: ignore[misc]
+    metadata["tokenizer.ggml.tokens"] = tokens
+    metadata["tokenizer.ggml.token_type"] = array(I32, [3, 3, 3] + [1] * (len(tokens) - 5) + [3, 3])
+    counter = gguf_counter(write_gguf(tmp_path / "overlap.gguf", metadata))
+    assert counter.loaded().split is not None
+    assert counter("<x|y>>>>") == 3 + 1  # "<", "x", "|" then "y>>>>"
+    assert counter("a<x|y b") == 1 + 1 + 2
+    assert counter.count_many(["<x|y>>>>", "y>>>><x|y"]) == [4, 2]
+
+
+def test_user_defined_tokens_are_matched_but_are_not_control_tokens(tmp_path: Path) -> None:
+    metadata = tiny_bpe()
+    tokens = [*metadata["tokenizer.ggml.tokens"], "<tool>"]  # type: ignore[misc]
+    metadata["tokenizer.ggml.tokens"] = tokens
+    metadata["tokenizer.ggml.token_type"] = array(I32, [3, 3, 3] + [1] * (len(tokens) - 4) + [4])
+    counter = gguf_counter(write_gguf(tmp_path / "user.gguf", metadata))
+    assert counter("<tool>") == 1
+    assert "<tool>" not in counter.specials
+
+
+def test_the_conversion_is_cached_by_identity_and_a_damaged_cache_is_redone(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_bpe())
+    model = read_gguf(path)
+    assert gguf_counter(path)(" the") == 1
+    cached = list(model_cache().glob(f"*{model.identity}*"))
+    assert len(cached) == 1 and json.loads(cached[0].read_text())["model"]["type"] == "BPE"
+    cached[0].write_text("{not json")
+    assert gguf_counter(path)(" the") == 1
+    assert json.loads(cached[0].read_text())["model"]["ignore_merges"] is False
+
+
+def test_an_unwritable_cache_costs_only_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setattr(hf, "_cache_file", lambda model: blocker / "x" / "y.json")
+    assert gguf_counter(write_gguf(tmp_path / "tiny.gguf", tiny_bpe()))(" the") == 1
+
+
+def test_the_vocabulary_is_read_only_on_first_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_bpe())
+    read: list[int] = []
+    original = Gguf.vocabulary
+    monkeypatch.setattr(Gguf, "vocabulary", lambda self: (read.append(1), original(self))[1])
+    counter = gguf_counter(path)
+    assert read == []
+    assert counter(" the") == 1 and read == [1]
+    assert gguf_counter(path)(" the") == 1 and read == [1]  # the second loads the cached conversion
+
+
+def test_importing_and_making_a_counter_import_no_tokenizers(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_bpe())
+    code = (
+        "import sys; from pathlib import Path; from otaku_ctx.model.hf import gguf_counter; "
+        f"c = gguf_counter(Path({str(path)!r})); assert 'tokenizers' not in sys.modules, 'imported'; "
+        "c(' the'); assert 'tokenizers' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={"OTAKU_HOME": str(tmp_path), "PATH": ""})
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ({"tokenizer.ggml.pre": "deepseek-llm"}, r"tokenizer.ggml.pre: ctx does not count the 'deepseek-llm' pre-"),
+        ({"tokenizer.ggml.model": "llama"}, r"tokenizer.ggml.model: ctx does not count the 'llama' tokenizer"),
+    ],
+)
+def test_what_is_not_converted_is_one_line_that_names_it(tmp_path: Path, extra: dict, match: str) -> None:
+    path = write_gguf(tmp_path / "m.gguf", tiny_bpe(**extra))
+    with pytest.raises(ConfigError, match=match) as caught:
+        gguf_counter(path)
+    assert "--tokenizer server" in str(caught.value) and "\n" not in str(caught.value)
+    metadata = tiny_bpe()
+    del metadata["tokenizer.ggml.pre"]
+    with pytest.raises(ConfigError, match="'default' pre-tokenizer"):
+        gguf_counter(write_gguf(tmp_path / "nopre.gguf", metadata))
+
+
+def test_a_merge_of_tokens_the_vocabulary_lacks_is_refused(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "m.gguf", tiny_bpe(**{"tokenizer.ggml.merges": ["Ġ t", "q z"]}))
+    with pytest.raises(ConfigError, match=r"merge 1 \('q z'\) joins tokens the vocabulary lacks"):
+        gguf_counter(path)(" the")
+
+
+def test_without_tokenizers_the_error_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tokenizers" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"pip install 'otaku-ctx\[model\]'"):
+        gguf_counter(write_gguf(tmp_path / "m.gguf", tiny_bpe()))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"pip install 'otaku-ctx\[model\]'"):
+        tokenizer_json_counter(tmp_path)
+
+
+# -- a Hugging Face tokenizer.json --------------------------------------------------------------
+
+
+def _folder(tmp_path: Path, *, bos_added: bool) -> Path:
+    folder = tmp_path / "Tiny-Model"
+    folder.mkdir()
+    data = gguf_tokenizer_json(read_gguf(write_gguf(tmp_path / "tiny.gguf", tiny_bpe())))
+    if bos_added:
+        data["post_processor"] = {
+            "type": "TemplateProcessing",
+            "single": [
+                {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}},
+            ],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}},
+        }
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_a_tokenizer_json_folder(tmp_path: Path) -> None:
+    folder = _folder(tmp_path, bos_added=True)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": {"content": "<|endoftext|>"}}))
+    counter = tokenizer_json_counter(folder)
+    assert isinstance(counter, ModelCounter)
+    assert counter.name == "tokenizer.json Tiny-Model"
+    assert (counter.bos, counter.added) == ("<|endoftext|>", 1)
+    assert counter.specials == ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+    assert counter("<|im_start|>user the") == 1 + 3 + 1
+    assert tokenizer_json_counter(folder / "tokenizer.json")(" the") == 1
+
+
+def test_a_tokenizer_json_without_a_config_takes_bos_from_what_it_adds(tmp_path: Path) -> None:
+    counter = tokenizer_json_counter(_folder(tmp_path, bos_added=True))
+    assert (counter.bos, counter.added) == ("<|endoftext|>", 1)
+    (tmp_path / "other").mkdir()
+    plain = tokenizer_json_counter(_folder(tmp_path / "other", bos_added=False))
+    assert (plain.bos, plain.added) == ("", 0)
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"version": "1.0"}', "not a Hugging Face tokenizer.json"),
+        ('{"model": {"type": "Nonsense"}}', "does not load as a tokenizer"),
+    ],
+)
+def test_a_bad_tokenizer_json_is_one_line(tmp_path: Path, content: str, match: str) -> None:
+    path = tmp_path / "tokenizer.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=match) as caught:
+        tokenizer_json_counter(path)(" the")
+    assert str(caught.value).startswith(str(path)) and "\n" not in str(caught.value)
+
+
+def test_a_folder_without_a_tokenizer_json(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no tokenizer.json in this folder"):
+        tokenizer_json_counter(tmp_path)
+    with pytest.raises(ConfigError, match="no such tokenizer file"):
+        tokenizer_json_counter(tmp_path / "missing.json")
+
+
+def test_the_byte_alphabet_is_gpt2_s() -> None:
+    alphabet = byte_alphabet()
+    assert (alphabet[ord(" ")], alphabet[ord("\n")], alphabet[ord("A")], len(set(alphabet))) == ("Ġ", "Ċ", "A", 256)
