@@ -547,14 +547,51 @@ def _template_pieces(fmt: Format, blocks: Sequence[Block]) -> list[str]:
     """The prompt a model's chat template makes of the format's turns, sent as chat
     messages are (`render_messages`): an open turn with text ("Ilya:") is the final message,
     continued as transformers' `continue_final_message` continues it; a blank one, or none,
-    asks for a new assistant turn (`add_generation_prompt`)."""
-    from .jinja import render_chat
+    asks for a new assistant turn (`add_generation_prompt`).
 
+    A template that refuses the chat (its `raise_exception`: Mistral's and Gemma's demand
+    that user and assistant alternate after one leading system message, Gemma 2's refuses a
+    system message) is given it again as ctx's own formats for those models fold it
+    (`_folded_for_template`): first with the system turns after the first user or assistant
+    turn made user turns and a blank user turn before a chat that opens with the assistant,
+    then with every system turn a user turn. Only when it refuses those too is the refusal
+    an error (the first one, naming the template's own message)."""
+    from .jinja import TemplateRefusal, render_chat
+
+    template, name, bos, eos = fmt.chat_template, fmt.name, fmt.bos_token, fmt.eos_token
+    refusal: TemplateRefusal | None = None
+    for messages, continued in template_chats(fmt, blocks):
+        try:
+            return [render_chat(template, messages, name=name, bos=bos, eos=eos, continue_final=continued)]
+        except TemplateRefusal as exc:
+            refusal = refusal or exc
+    assert refusal is not None
+    raise refusal
+
+
+def template_chats(fmt: Format, blocks: Sequence[Block]) -> list[tuple[list[dict[str, str]], bool]]:
+    """The chats a Jinja format gives its template, in the order it tries them (see
+    `_template_pieces`), each with whether its last message is the open turn to continue."""
     all_turns = turns(fmt, blocks)
-    messages = _messages(fmt, all_turns)
     continued = bool(all_turns) and all_turns[-1].open and bool(_said(fmt, all_turns[-1]).strip())
-    template, name = fmt.chat_template, fmt.name
-    return [render_chat(template, messages, name=name, bos=fmt.bos_token, eos=fmt.eos_token, continue_final=continued)]
+    attempts = (all_turns, _folded_for_template(all_turns, False), _folded_for_template(all_turns, True))
+    return [(_messages(fmt, attempt), continued) for attempt in attempts]
+
+
+def _folded_for_template(all_turns: Sequence[Block], every_system: bool) -> list[Block]:
+    """The turns for a template that demands alternating user and assistant turns: system
+    turns made user turns (all of them, or those after the leading ones), a blank user turn
+    before an opening assistant turn, and turns of one role merged."""
+    out: list[Block] = []
+    leading = True
+    for block in all_turns:
+        leading = leading and block.role == "system"
+        if block.role == "system" and (every_system or not leading):
+            block = replace(block, role="user")
+        if block.role == "assistant" and all(b.role == "system" for b in out):
+            out.append(Block("user", ""))
+        out.append(block)
+    return merge_blocks(out)
 
 
 def _messages(fmt: Format, all_turns: Sequence[Block]) -> list[dict[str, str]]:

@@ -81,6 +81,10 @@ class Refused(Exception):
     """The template called `raise_exception`: the chat is not one it accepts."""
 
 
+class TemplateRefusal(TemplateError):
+    """A template's own refusal of a chat (its `raise_exception`), named as a TemplateError."""
+
+
 @dataclass
 class _Budget:
     limits: Limits
@@ -176,7 +180,7 @@ def _render(program: Any, variables: dict[str, Any], name: str, limits: Limits) 
             budget.tick()
             out.append(chunk)
     except Refused as exc:
-        raise TemplateError(name, _line(exc), None, f"the template refuses this chat: {_one_line(exc)}") from None
+        raise TemplateRefusal(name, _line(exc), None, f"the template refuses this chat: {_one_line(exc)}") from None
     except Exceeded as exc:
         raise TemplateError(name, _line(exc), None, f"stopped: the template {exc}") from None
     except RecursionError as exc:
