@@ -1,0 +1,107 @@
+"""The GGUF counter against llama.cpp itself: llama-server's /tokenize (`parse_special` on, nothing
+added) on SmolLM2-135M-Instruct's GGUF gives the same tokens as `gguf_counter` for thousands of
+texts (tests/tokenizer_texts.py: the fixtures' messages, random texts with emoji, CJK, Arabic,
+combining marks, digits, odd spaces, CRLF and lone CRs, control tokens and look-alikes, long
+words). The same vocabulary with other `tokenizer.ggml.pre` names (a copy of the GGUF with that
+one key changed) checks the Llama 3, Qwen 2 and GPT-2 pre-tokenizers the same way."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gguf_variant import variant
+from server import built, free_port, healthy, stop
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tokenizer_texts import all_texts  # noqa: E402
+
+from otaku_ctx.model.gguf import read_gguf  # noqa: E402
+from otaku_ctx.model.hf import gguf_counter  # noqa: E402
+
+pytest.importorskip("tokenizers")
+
+
+class Tokenize:
+    """llama-server on one GGUF, asked for the tokens of texts."""
+
+    def __init__(self, model: Path, log: Path) -> None:
+        server, _ = built()
+        self.port = free_port()
+        command = [server, "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port)]
+        command += ["-t", "1", "-c", "256", "-np", "1", "--no-webui"]
+        with log.open("ab") as sink:
+            self.process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while not healthy(self.port):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                stop(self.process)
+                pytest.fail("llama-server did not start: " + log.read_text(errors="replace")[-2000:])
+            time.sleep(0.1)
+        self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+
+    def __call__(self, text: str) -> list[int]:
+        body = json.dumps({"content": text, "add_special": False, "parse_special": True})
+        self.connection.request("POST", "/tokenize", body, {"Content-Type": "application/json"})
+        return list(json.loads(self.connection.getresponse().read())["tokens"])
+
+    def close(self) -> None:
+        self.connection.close()
+        stop(self.process)
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    return Path(built()[1])
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[list[Tokenize]]:
+    started: list[Tokenize] = []
+    yield started
+    for server in started:
+        server.close()
+
+
+def _compared(model: Path, tokenize: Tokenize) -> tuple[list[tuple[str, int, int]], list[int]]:
+    """(the texts where ctx and the server differ, the server's count of each text)."""
+    counter = gguf_counter(model)
+    texts = all_texts()
+    assert len(texts) > 3000
+    wrong, counts = [], []
+    for text in texts:
+        want = tokenize(text)
+        ids = counter.loaded().tokenizer.encode(text, add_special_tokens=False).ids
+        if counter(text) != len(want) or ids != want:
+            wrong.append((text[:120], len(want), counter(text)))
+        counts.append(len(want))
+    return wrong, counts
+
+
+def test_smollm2_counts_as_llama_server_counts(smollm2: Path, served: list[Tokenize], tmp_path: Path) -> None:
+    model = read_gguf(smollm2)
+    assert (model.tokenizer_model, model.pre, model.add_bos) == ("gpt2", "smollm", False)
+    served.append(Tokenize(smollm2, tmp_path / "server.log"))
+    wrong, _ = _compared(smollm2, served[0])
+    assert wrong == []
+    assert served[0]("<|im_start|>user\nHi<|im_end|>")[0] == 1  # a control token is parsed: one token
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2", "gpt-2"])
+def test_other_pre_tokenizers_count_as_llama_server_counts(
+    smollm2: Path, served: list[Tokenize], tmp_path: Path, pre: str
+) -> None:
+    copy = variant(smollm2, tmp_path / f"SmolLM2-{pre}.gguf", {"tokenizer.ggml.pre": pre})
+    served.append(Tokenize(copy, tmp_path / "server.log"))
+    wrong, counts = _compared(copy, served[0])
+    assert wrong == []
+    smollm = gguf_counter(smollm2)
+    changed = sum(count != smollm(text) for text, count in zip(all_texts(), counts, strict=True))
+    assert changed > 100  # the server did split this vocabulary another way
