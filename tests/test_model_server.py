@@ -516,3 +516,26 @@ def test_the_counter_is_a_token_counter(serve: Any, tmp_path: Path) -> None:
     assert isinstance(counter, ServerCounter)
     assert counter.bound("a b") == counter("a b") == 3
     assert counter.calls == 1
+
+
+def test_a_run_that_finds_the_file_compacted_under_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(counts, "BOUND", 40)
+    seen_early = _store(tmp_path)  # opened before the other run compacts
+    other = _store(tmp_path)
+    for i in range(6):
+        other.add({text_key(f"other {i} {j}"): j for j in range(10)})  # compacts on the way
+    seen_early.add({text_key("late"): 99})
+    final = _store(tmp_path)
+    assert final.get(text_key("late")) == 99 and final.get(text_key("other 5 9")) == 9
+    path = cache_file(tmp_path, "the model")
+    assert counts._batches(path.read_bytes())[1] == path.stat().st_size
+
+
+def test_a_second_build_from_one_process_asks_nothing(serve: Any, tmp_path: Path) -> None:
+    """Each count is in the file as soon as it is counted: a build in the same process (a
+    replay, a test's CliRunner) finds it without any end-of-run flush."""
+    server = serve(Llama())
+    server_counter(backend(server), tmp_path)("counted once")
+    talk = backend(server)
+    assert server_counter(talk, tmp_path)("counted once") == 3
+    assert talk.asked["tokenize"] == 0

@@ -4,14 +4,15 @@ rebuild asks it only for texts it has not counted before (docs/model.md, "The co
 One file a server model, `<count_cache()>/<hash of the model's identity>.counts`, append-only:
 an 8-byte header (magic and version), then batches, each a 12-byte head (a magic, the number
 of records, the CRC-32 of the records) and its records, 20 bytes each: the first 16 bytes of
-the BLAKE2b hash of the text (UTF-8) and the count (unsigned 32-bit). A batch is written in one
-`write` to a file opened for appending, under an exclusive `flock`; a reader takes no lock and
-keeps the batches up to the first that is cut short or fails its CRC (a run killed mid-write),
-which the next writer cuts off before it appends. When the file holds more than `BOUND`
-records, the writer that finds it so rewrites it (a temp file and a rename, under the lock)
-with the records this run used, then the most recently written others, up to `BOUND // 2`:
-the story being built stays, old stories' counts go first. A writer that finds the file
-replaced under it (another run compacted it) opens the new one.
+the BLAKE2b hash of the text (UTF-8) and the count (unsigned 32-bit). New counts are appended
+as soon as the server gives them, a batch in one `write` to the file opened for appending,
+under an exclusive `flock`. A reader takes no lock and keeps the batches up to the first that
+is cut short or fails its CRC (a run killed mid-write), which the next writer cuts off before
+it appends. A writer reads only what other runs appended since it last looked. When the file
+holds more than `BOUND` records, the writer that finds it so rewrites it (a temp file and a
+rename, under the lock) with the records this run used, then the most recently written
+others, `BOUND // 2` in all: the story being built stays, old stories' counts go first. A
+writer that finds the file replaced under it (another run compacted it) opens the new one.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ HEAD = struct.Struct("<2sHII")  # magic, reserved, records, CRC-32 of the record
 RECORD = struct.Struct("<16sI")
 #: the most records a file holds before it is compacted to half as many (about 4 MB)
 BOUND = 200_000
-#: new counts kept in memory before they are written as one batch (and at the end of the run)
-FLUSH = 1024
 #: the most bytes read of a cache file (BOUND records and slack for runs appending meanwhile)
 MAX_BYTES = 2 * BOUND * RECORD.size + (1 << 20)
 
@@ -56,13 +55,14 @@ def cache_file(folder: Path, identity: str) -> Path:
     return folder / f"{hashlib.blake2b(identity.encode('utf-8'), digest_size=16).hexdigest()}.counts"
 
 
-def _batches(data: bytes) -> tuple[dict[bytes, int], int, int]:
-    """The records of a file's bytes (later ones win), the end of its last whole batch, and
-    how many records it holds."""
+def _batches(data: bytes, *, header: bool = True) -> tuple[dict[bytes, int], int, int]:
+    """The records in a file's bytes (from its start, its header checked, or from where a
+    batch starts), later ones winning; the end of the last whole batch; and how many records
+    they hold."""
     counts: dict[bytes, int] = {}
-    if not data.startswith(MAGIC):
+    if header and not data.startswith(MAGIC):
         return counts, 0, 0
-    at, records = len(MAGIC), 0
+    at, records = len(MAGIC) if header else 0, 0
     while at + HEAD.size <= len(data):
         magic, _, n, crc = HEAD.unpack_from(data, at)
         end = at + HEAD.size + n * RECORD.size
@@ -91,15 +91,18 @@ class CountStore:
         self.path = cache_file(folder, identity)
         self.used: dict[bytes, None] = {}  # the keys this run looked up or added, in that order
         self.pending: dict[bytes, int] = {}  # counts not written yet
-        self.counts, _, self.records = self._read()
-
-    def _read(self) -> tuple[dict[bytes, int], int, int]:
+        # the file as this run last saw it: which file (a compacting run replaces it), where
+        # its last whole batch ends, how many records it holds
+        self.inode: int | None = None
+        self.end = 0
+        self.records = 0
+        self.counts: dict[bytes, int] = {}
         try:
             with open(self.path, "rb") as handle:
-                data = handle.read(MAX_BYTES)
+                self.inode = os.fstat(handle.fileno()).st_ino
+                self.counts, self.end, self.records = _batches(handle.read(MAX_BYTES))
         except OSError:
-            return {}, 0, 0
-        return _batches(data)
+            pass
 
     def get(self, key: bytes) -> int | None:
         found = self.counts.get(key)
@@ -108,12 +111,12 @@ class CountStore:
         return found
 
     def add(self, items: dict[bytes, int]) -> None:
-        """Keep these counts: here at once, in the file with the next batch (`flush`)."""
+        """Keep these counts, here and in the file (one batch, appended at once: a run that
+        stops later keeps them)."""
         self.counts.update(items)
         self.used.update(dict.fromkeys(items))
         self.pending.update(items)
-        if len(self.pending) >= FLUSH:
-            self.flush()
+        self.flush()
 
     def flush(self) -> None:
         """Write the counts not yet written, as one batch."""
@@ -124,23 +127,35 @@ class CountStore:
             self._append(batch)
 
     def _append(self, batch: bytes) -> None:
+        """Append one batch under the lock. Only what other runs appended since this one last
+        looked is read (their counts are learned on the way); a file replaced or shrunk is
+        read again, a batch cut short cut off, and a file past `BOUND` compacted."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._locked() as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if size == 0:
+            info = os.fstat(handle.fileno())
+            if info.st_size == 0:
                 handle.write(MAGIC)
-            else:
+                self.end, self.records = len(MAGIC), 0
+            elif info.st_ino != self.inode or info.st_size < self.end:
                 handle.seek(0)
-                data = handle.read(MAX_BYTES)
-                counts, end, records = _batches(data)
-                if end == 0 or records + len(batch) // RECORD.size > BOUND:
-                    self._compact({**counts, **self.counts})
-                    return
-                if end < size:  # a batch cut short by a run killed mid-write
-                    handle.truncate(end)
+                counts, self.end, self.records = _batches(handle.read(MAX_BYTES))
+                self.counts = {**counts, **self.counts}
+            elif info.st_size > self.end:
+                handle.seek(self.end)
+                counts, end, records = _batches(handle.read(MAX_BYTES), header=False)
+                self.counts.update(counts)
+                self.end, self.records = self.end + end, self.records + records
+            self.inode = info.st_ino
+            if self.end == 0 or self.records + len(batch) // RECORD.size > BOUND:
+                self._compact(self.counts)
+                return
+            if self.end < info.st_size:  # a batch cut short by a run killed mid-write
+                handle.truncate(self.end)
             handle.seek(0, os.SEEK_END)
             handle.write(batch)
             handle.flush()
+            self.end += len(batch)
+            self.records += len(batch) // RECORD.size
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[BinaryIO]:
@@ -178,6 +193,8 @@ class CountStore:
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(temp, self.path)
+            info = os.stat(self.path)
+            self.inode, self.end = info.st_ino, info.st_size
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)

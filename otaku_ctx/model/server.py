@@ -10,7 +10,6 @@ a server that does not answer, or has no tokenize endpoint, is a one-line error.
 
 from __future__ import annotations
 
-import atexit
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -64,7 +63,6 @@ class ServerCounter(TokenCounter):
                 with ThreadPoolExecutor(min(JOBS, len(missing))) as pool:
                     asked = list(pool.map(self.backend.count, missing.values()))
             self.store.add(dict(zip(missing, asked, strict=True)))
-            self.store.flush()
         return [self(text) for text in texts]
 
 
@@ -78,7 +76,6 @@ def server_counter(backend: Backend, cache_dir: Path) -> ServerCounter:
     if not server.counts:
         backend.count(PROBE)  # raises NoTokenizer, naming the server
     store = CountStore(cache_dir, server.identity)
-    atexit.register(store.flush)
     specials = tuple(dict.fromkeys(t for t in (server.bos, server.eos) if t)) if server.kind == LLAMA_CPP else ()
     where = backend.transport.url(backend.root)
     name = f"server {where} ({server.kind}, {server.model})" if server.model else f"server {where} ({server.kind})"
