@@ -236,7 +236,14 @@ def backend(server: StandIn, **kwargs: Any) -> Backend:
     return Backend(server.url, "", retry=Retry(attempts=0), timeout=5, connect_timeout=2, **kwargs)
 
 
-TEXTS = ["The lamp-room door creaks open.", "Mara: <|im_end|> is not hers to say", "  two  spaces", "", "漢字 🙂"]
+TEXTS = [
+    "The lamp-room door creaks open.",
+    "Mara: <|im_end|> is not hers to say",
+    "  two  spaces",
+    "",
+    "漢字 🙂",
+    "a\ud800b",
+]
 COUNTERS = [Llama, Vllm, Kobold, Tabby]
 
 

@@ -58,7 +58,9 @@ class Server:
 
 def tokenize_request(kind: str, root: str, model: str, text: str, *, add_special: bool) -> tuple[str, dict[str, Any]]:
     """The path and JSON body that ask a server of `kind` for the tokens of `text`, its special
-    tokens parsed, BOS added only when `add_special` (to learn what the server adds)."""
+    tokens parsed, BOS added only when `add_special` (to learn what the server adds). A lone
+    surrogate, which is no UTF-8, goes as U+FFFD, as the prompt's UTF-8 would carry it."""
+    text = _utf8(text)
     if kind == LLAMA_CPP:
         return f"{root}/tokenize", {"content": text, "add_special": add_special, "parse_special": True}
     if kind == VLLM:
@@ -68,6 +70,14 @@ def tokenize_request(kind: str, root: str, model: str, text: str, *, add_special
     if kind == TABBYAPI:
         return f"{root}/v1/token/encode", {"text": text, "add_bos_token": add_special, "encode_special_tokens": True}
     raise ValueError(f"no tokenize endpoint for {kind!r}")
+
+
+def _utf8(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 def _count(value: object) -> int | None:
