@@ -134,13 +134,14 @@ def test_a_refused_chat_is_folded_as_ctx_folds_it_for_the_model() -> None:
 
 # ctx's built-in format -> the model template it is written to, and the stories on which
 # the two must build the same prompt. Where they differ, it is by a decision of the built-in
-# format: ChatML and Llama 3 keep consecutive turns of one role apart (a group chat's
-# speakers, and an open turn after the character's own), which a Jinja format merges; Gemma's folds the system prompt into the first
-# user turn, which Gemma 2's template refuses; Mistral v3 and Tekken put the system prompt
-# on the last user message, which their templates drop when the chat ends on an open
-# assistant turn (tests/fixtures/README.md). And the Llama 3 and Gemma 3 templates trim each
-# message (`| trim`), which ctx's llama3, llama3.1 and gemma formats do not: the "unicode"
-# story's user message ends in a space, kept by those formats and dropped by the templates.
+# format: ChatML, Llama 3 and Vicuna keep consecutive turns of one role apart (a group chat's
+# speakers, an open turn after the character's own), which a Jinja format merges; Mistral
+# v3 and Tekken put the system prompt on the last user message, which their templates drop
+# when the chat ends on an open assistant turn, and refuse a system turn in mid-chat (which
+# ctx's formats fold into the user's); Gemma 2's template refuses any system message. And
+# the Llama 3 and Gemma 3 templates trim each message (`| trim`), which ctx's llama3,
+# llama3.1 and gemma formats do not: the "unicode" story's user message ends in a space,
+# kept by those formats and dropped by the templates.
 AGREE = {
     "chatml": ("chatml", ["basic", "unicode"]),
     "llama3": ("llama3", ["basic"]),

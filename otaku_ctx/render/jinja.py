@@ -52,7 +52,8 @@ from ..errors import ConfigError, TemplateError
 # transformers' own tag: a template that splits or inspects the final message sees the same text.
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 INSTALL = "pip install 'otaku-ctx[model]'"
-_WIDTH = re.compile(r"\d{7,}")  # a width or precision of a million or more in a format string
+_WIDTH = re.compile(r"\d{7,}")
+_MARKER = re.compile(r"\s*(<[^<>\s]+>|\[[^\[\]\s]+\])")  # a width or precision of a million or more in a format string
 
 
 @dataclass(frozen=True)
@@ -430,9 +431,9 @@ def _check_replace(budget: _Budget, text: Any, old: Any, new: Any) -> None:
 
 
 def turn_end(template: str, name: str, *, bos: str = "", eos: str = "") -> str:
-    """What the template writes right after an assistant's message, stripped ("<|im_end|>",
-    "<|eot_id|>", "<end_of_turn>"): the text that ends a reply. Empty when it writes only
-    whitespace there, or refuses the probe chat."""
+    """The marker the template writes right after an assistant's message ("<|im_end|>",
+    "<|eot_id|>", "<end_of_turn>", "</s>"): the first `<...>` or `[...]` there, before any
+    other text. Empty when it writes none, or refuses the probe chat."""
     mark = "\ue000reply\ue001"
     chat = [{"role": "user", "content": "Hello."}, {"role": "assistant", "content": mark}]
     try:
@@ -440,4 +441,5 @@ def turn_end(template: str, name: str, *, bos: str = "", eos: str = "") -> str:
     except TemplateError:
         return ""
     after = text[text.rindex(mark) + len(mark) :] if mark in text else ""
-    return after.strip().split("\n")[0].strip()
+    found = _MARKER.match(after)
+    return found[1] if found else ""

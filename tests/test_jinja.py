@@ -1,0 +1,260 @@
+"""A model's Jinja chat template as a format: loading it (a .jinja file, a tokenizer_config.json),
+its stop strings, and the sandbox — a template is someone else's code, and every hostile
+one ends in a one-line error naming it, in bounded time and memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, REPO, run
+
+from otaku_ctx.errors import ConfigError, TemplateError
+from otaku_ctx.hbs.blocks import Block
+from otaku_ctx.render import jinja
+from otaku_ctx.render.formats import bind, jinja_format, load_format, render_text, text_pieces
+from otaku_ctx.render.jinja import Limits, render_chat
+
+TEMPLATES = FIXTURES / "chat-templates" / "templates"
+CHATML = (TEMPLATES / "chatml.jinja").read_text(encoding="utf-8")
+CHAT = [{"role": "user", "content": "Hello."}, {"role": "assistant", "content": "Ilya:"}]
+SMALL = Limits(chars=100_000, steps=200_000, seconds=5)
+
+
+def rendered(template: str, limits: Limits = SMALL, **kwargs: object) -> str:
+    return render_chat(template, CHAT, name="t.jinja", limits=limits, **kwargs)  # type: ignore[arg-type]
+
+
+def refused(template: str, limits: Limits = SMALL) -> str:
+    """The one-line error a template ends in."""
+    with pytest.raises(TemplateError) as caught:
+        rendered(template, limits)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("t.jinja")
+    return message
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_jinja_file_is_a_format(tmp_path: Path) -> None:
+    fmt = load_format(str(write(tmp_path / "chatml.jinja", CHATML)), [])
+    assert fmt.chat_template == CHATML and fmt.name == str(tmp_path / "chatml.jinja")
+    assert (fmt.bos_token, fmt.eos_token, fmt.bos) == ("", "", "")
+    assert fmt.stop == ("<|im_end|>",)  # the template's end of turn, though the file names no EOS
+    blocks = [Block("user", "Hi."), Block("assistant", "Ilya:", open=True)]
+    assert render_text(fmt, blocks) == "<|im_start|>user\nHi.<|im_end|>\n<|im_start|>assistant\nIlya:"
+    assert render_text(fmt, blocks[:1]) == "<|im_start|>user\nHi.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_tokenizer_config_takes_its_default_template_and_token_objects(tmp_path: Path) -> None:
+    config = {
+        "chat_template": [{"name": "tool_use", "template": "tools"}, {"name": "default", "template": CHATML}],
+        "bos_token": {"content": "<s>", "lstrip": False},
+        "eos_token": "<|im_end|>",
+    }
+    fmt = load_format(str(write(tmp_path / "tokenizer_config.json", json.dumps(config))), [])
+    assert (fmt.chat_template, fmt.bos_token, fmt.eos_token) == (CHATML, "<s>", "<|im_end|>")
+    assert fmt.name == f"{tmp_path / 'tokenizer_config.json'} (chat_template)"
+
+
+def test_a_tokenizer_config_without_a_template_reads_the_one_beside_it(tmp_path: Path) -> None:
+    config = write(tmp_path / "tokenizer_config.json", json.dumps({"eos_token": "<|im_end|>", "bos_token": None}))
+    write(tmp_path / "chat_template.jinja", CHATML)
+    fmt = load_format(str(config), [])
+    assert (fmt.chat_template, fmt.bos_token, fmt.eos_token) == (CHATML, "", "<|im_end|>")
+    beside = load_format(str(tmp_path / "chat_template.jinja"), [])  # and the .jinja takes the config's tokens
+    assert (beside.chat_template, beside.eos_token) == (CHATML, "<|im_end|>")
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"eos_token": "</s>"}, "tokenizer_config.json: chat_template: missing: this model has no chat template"),
+        ({"chat_template": [{"name": "rag", "template": "x"}]}, "has no template named 'default' (it has: rag)"),
+        ({"chat_template": 3}, "chat_template: expected a Jinja template (a string), got 3"),
+        ({"chat_template": CHATML, "eos_token": 7}, "eos_token: expected a string or an object"),
+        ({"chat_template": "{% for %}"}, "tokenizer_config.json (chat_template):1: not a valid Jinja template"),
+    ],
+)
+def test_a_bad_tokenizer_config_is_one_line_naming_the_file(tmp_path: Path, config: object, expected: str) -> None:
+    path = write(tmp_path / "tokenizer_config.json", json.dumps(config))
+    with pytest.raises((ConfigError, TemplateError)) as caught:
+        load_format(str(path), [])
+    assert expected in str(caught.value) and str(path) in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_template_that_is_not_jinja_names_the_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "broken.jinja", "{% for m in messages %}\n{{ m['content'] }\n{% endfor %}")
+    with pytest.raises(TemplateError) as caught:
+        load_format(str(path), [])
+    assert str(caught.value).startswith(f"{path}:2: not a valid Jinja template: ")
+    unknown = write(tmp_path / "unknown.jinja", "\n\n{{ messages | no_such_filter }}")
+    with pytest.raises(TemplateError, match=r"unknown\.jinja:3: not a valid Jinja template: .*no_such_filter"):
+        load_format(str(unknown), [])
+
+
+def test_cli_names_the_template_in_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    strict = "{% if messages | length > 1 %}\n{{ raise_exception('One message only!') }}{% endif %}"
+    strict += "{{ messages[0]['content'] }}"
+    path = write(tmp_path / "strict.jinja", strict)
+    code, out, err = run(capsys, "build", FIXTURES / "chat-templates" / "basic.jsonl", "--format", path)
+    assert (code, out) == (1, "")
+    assert err.strip().splitlines()[-1].endswith(f"{path}:2: the template refuses this chat: One message only!")
+
+
+def test_stop_strings_are_the_eos_and_the_templates_end_of_turn() -> None:
+    llama3 = (TEMPLATES / "llama3.jinja").read_text(encoding="utf-8")
+    gemma = (TEMPLATES / "gemma-3.jinja").read_text(encoding="utf-8")
+    assert jinja_format(llama3, bos="<|begin_of_text|>", eos="<|end_of_text|>", name="l").stop == (
+        "<|end_of_text|>",
+        "<|eot_id|>",
+    )
+    assert jinja_format(gemma, bos="<bos>", eos="<eos>", name="g").stop == ("<eos>", "<end_of_turn>")
+    chatml = bind(jinja_format(CHATML, bos="", eos="<|im_end|>", name="c"), "{{char}}", "Ilya")
+    assert chatml.stop == ("<|im_end|>",) and chatml.chat_template == CHATML
+
+
+def test_the_open_turn_merges_into_the_characters_own_and_is_continued() -> None:
+    fmt = jinja_format(CHATML, bos="", eos="", name="c")
+    blocks = [Block("user", "Hi."), Block("assistant", "Ilya: Hello."), Block("assistant", "Ilya: ", open=True)]
+    assert text_pieces(fmt, blocks) == ["<|im_start|>user\nHi.<|im_end|>\n<|im_start|>assistant\nIlya: Hello.\n\nIlya:"]
+
+
+def test_a_template_that_drops_the_open_turns_text_cannot_continue_it() -> None:
+    shout = "{% for m in messages %}{{ m['content'] | upper }}{% endfor %}"
+    with pytest.raises(TemplateError, match="leaves out part of the open turn's text"):
+        rendered(shout, continue_final=True)
+    with pytest.raises(TemplateError, match="never reads a message's content"):
+        rendered("{% for m in messages %}{{ m.role }}{% endfor %}", continue_final=True)
+
+
+def test_the_continued_message_keeps_its_spaces_unless_the_template_trims_them() -> None:
+    chat = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Ilya:  "}]
+    plain = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    assert render_chat(plain, chat, name="t", continue_final=True) == "<Hi.><Ilya:  "
+    trimmed = "{% for m in messages %}<{{ m['content'] | trim }}>{% endfor %}"
+    assert render_chat(trimmed, chat, name="t", continue_final=True) == "<Hi.><Ilya:"
+
+
+def test_strftime_now_is_todays_date() -> None:
+    assert rendered("{{ strftime_now('%Y-%m-%d') }}") == datetime.now().strftime("%Y-%m-%d")
+
+
+# --- the sandbox -----------------------------------------------------------------------------
+
+
+def test_raise_exception_is_the_templates_own_message_with_its_line() -> None:
+    message = refused("{% if true %}\n{{ raise_exception('Conversation roles must alternate') }}\n{% endif %}")
+    assert message == "t.jinja:2: the template refuses this chat: Conversation roles must alternate"
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ messages.__class__.__base__.__subclasses__() }}",
+        "{{ cycler.__init__.__globals__.os }}",
+        "{{ messages.append(1) }}",
+        "{{ namespace.__init__.__globals__['__builtins__'].open('/etc/passwd') }}",
+    ],
+)
+def test_the_sandbox_refuses_attributes_that_climb_out(template: str) -> None:
+    assert "sandbox stopped the template" in refused(template)
+
+
+@pytest.mark.parametrize(
+    "template", ["{{ ''.__class__ }}", "{{ dict.__class__ }}", "{{ raise_exception.__globals__ }}"]
+)
+def test_an_unsafe_attribute_is_undefined_as_in_transformers(template: str) -> None:
+    assert rendered(template) == ""
+
+
+@pytest.mark.parametrize("template", ["{% include '/etc/passwd' %}", "{% import 'os' as os %}", "{% extends 'x' %}"])
+def test_no_file_system_and_no_imports(template: str) -> None:
+    assert refused(template) == "t.jinja:1: the template failed (TypeError): no loader for this environment specified"
+
+
+def test_a_namespace_takes_no_underscore_attribute() -> None:
+    assert "cannot hold an attribute starting with '_'" in refused("{% set ns = namespace(_x=1) %}")
+    assert "cannot hold" in refused("{% set ns = namespace() %}{% set ns._y = 2 %}")
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "runs past 200,000 steps"),
+        ("{% for m in messages %}{% for i in range(100000) %}{{ '' }}{% endfor %}{% endfor %}", "runs past"),
+        ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "writes more than 100,000 characters"),
+        ("{% set a = 'xxxxxxxx' %}" + "{% set a = a ~ a %}" * 40 + "{{ a }}", "would make a concatenation of"),
+        ("{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}", "a sum"),
+        ("{{ 'x' * 10**10 }}", "would make a repetition of 10,000,000,000"),
+        ("{{ [1] * 10**9 }}", "a repetition"),
+        ("{{ 7 ** 100000000 }}", "a power"),
+        ("{{ '%999999999d' % 1 }}", "a format width"),
+        ("{{ '{:>999999999}'.format(1) }}", "a format width"),
+        ("{{ 'x'.ljust(10**9) }}", "a string method's argument"),
+        ("{{ 'x' | center(10**9) }}", "a filter's argument"),
+        ("{{ 'ab' | replace('', 'y' * 90000) | replace('', 'z' * 90000) }}", "a replace"),
+        ("{{ messages | tojson(indent=1000) }}", "asks for a JSON indent of 1,000"),
+        ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "recurses too deep"),
+    ],
+)
+def test_a_hostile_template_stops_in_one_line(template: str, expected: str) -> None:
+    started = time.monotonic()
+    message = refused(template)
+    assert "stopped: the template" in message and expected in message
+    assert time.monotonic() - started < 5
+
+
+def test_a_loop_without_end_stops_at_the_time_bound() -> None:
+    loop = "{% for i in range(100000) %}"
+    forever = loop * 3 + "{% endfor %}" * 3
+    started = time.monotonic()
+    message = refused(forever, Limits(chars=1000, steps=10**12, seconds=0.3))
+    assert "runs past 0.3 s" in message
+    assert time.monotonic() - started < 2
+
+
+def test_the_default_bounds_leave_room_for_a_long_chat() -> None:
+    chat = [{"role": "user", "content": "x" * 500_000}] * 4
+    limits = jinja.limits_for(chat)
+    assert limits.chars > 4 * 500_000 + 1_000_000
+    assert len(render_chat(CHATML, chat, name="c")) > 2_000_000
+
+
+# --- jinja2, optional ------------------------------------------------------------------------
+
+
+def test_formats_does_not_import_jinja2() -> None:
+    code = "import sys, otaku_ctx.render.formats, otaku_ctx.render.jinja; assert 'jinja2' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_without_jinja2_a_template_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "jinja2", None)
+    monkeypatch.setitem(sys.modules, "jinja2.ext", None)
+    monkeypatch.setitem(sys.modules, "jinja2.sandbox", None)
+    jinja._environment.cache_clear()
+    jinja.compiled.cache_clear()
+    try:
+        with pytest.raises(ConfigError) as caught:
+            jinja_format("{{ messages }}", bos="", eos="", name="model.gguf (tokenizer.chat_template)")
+        assert str(caught.value) == (
+            "model.gguf (tokenizer.chat_template): a Jinja chat template needs jinja2: pip install 'otaku-ctx[model]'"
+        )
+    finally:
+        jinja._environment.cache_clear()
+        jinja.compiled.cache_clear()
