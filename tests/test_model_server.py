@@ -544,5 +544,27 @@ def test_a_second_build_from_one_process_asks_nothing(serve: Any, tmp_path: Path
     server = serve(Llama())
     server_counter(backend(server), tmp_path)("counted once")
     talk = backend(server)
+    before = Backend.asked_in_process["tokenize"]
     assert server_counter(talk, tmp_path)("counted once") == 3
-    assert talk.asked["tokenize"] == 0
+    assert talk.asked["tokenize"] == 0 and Backend.asked_in_process["tokenize"] == before
+    server_counter(backend(server), tmp_path)("not yet counted")
+    assert Backend.asked_in_process["tokenize"] == before + 1
+
+
+def test_a_second_ctx_build_sends_no_tokenize_request(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from conftest import CASE4, run
+
+    server = serve(Llama())
+    argv = ("build", CASE4, "--tokenizer", "server", "--server", server.url, "--window", "100000")
+    code, first, _ = run(capsys, *argv)
+    assert code == 0 and first
+    asked = server.tokenized
+    assert asked > 10
+    code, second, _ = run(capsys, *argv)
+    assert (code, second) == (0, first)
+    assert server.tokenized == asked
+    code, out, err = run(
+        capsys, "inspect", CASE4, "--tokenizer", "server", "--server", server.url, "--window", "100000"
+    )
+    assert code == 0 and f"server {server.url.removesuffix('/v1')} (llama.cpp, Smol-135M.gguf)" in out + err
+    assert server.tokenized == asked

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from .failures import BackendError, BadReply, KeyMissing, NoTokenizer, classify
@@ -65,6 +65,10 @@ class Backend:
     `api_key_env` is the NAME of the environment variable holding the key (none: no key sent).
     `timeout` bounds the wait for each reply, `connect_timeout` the wait for a connection.
     Safe to share between threads: each request has its own connection."""
+
+    #: the requests every Backend of this process sent, by kind: what a test of a whole
+    #: command run in-process reads (the Backend it made is not in reach)
+    asked_in_process: ClassVar[Counter[str]] = Counter()
 
     def __init__(
         self,
@@ -321,6 +325,7 @@ class Backend:
     def _send(self, kind: str, method: str, path: str, body: bytes | None = None) -> Answer:
         with self._asking:
             self.asked[kind] += 1
+            Backend.asked_in_process[kind] += 1
         return self.transport.send(method, path, body)
 
     def _probe(
