@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import random
+import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -180,3 +183,18 @@ def test_the_server_counts_as_the_gguf_counter(real_server, tmp_path: Path) -> N
     sample = texts(seed=11)
     assert [by_server(t) for t in sample] == [by_file(t) for t in sample]
     assert by_server.added == by_file.added
+
+
+def test_a_second_ctx_build_sends_no_tokenize_request(proxy: Proxy, tmp_path: Path) -> None:
+    """Two `ctx build` processes with --tokenizer server: the second finds every count in the
+    cache the first left, and prints the same prompt."""
+    story = Path(__file__).resolve().parents[2] / "examples" / "lighthouse-case4.jsonl"
+    env = {**os.environ, "OTAKU_HOME": str(tmp_path)}
+    argv = [sys.executable, "-m", "otaku_ctx", "build", str(story), "--tokenizer", "server", "--server", proxy.url]
+    first = subprocess.run([*argv, "--window", "4096"], capture_output=True, text=True, env=env, timeout=120)
+    assert first.returncode == 0, first.stderr
+    asked = proxy.seen["/tokenize"]
+    assert asked > 10
+    second = subprocess.run([*argv, "--window", "4096"], capture_output=True, text=True, env=env, timeout=120)
+    assert (second.returncode, second.stdout) == (0, first.stdout)
+    assert proxy.seen["/tokenize"] == asked
