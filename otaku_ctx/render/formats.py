@@ -90,6 +90,18 @@ How a text prompt is built (`render_text`), and the decisions a user should know
   as it is (Alpaca's `### Input:` marks system messages in the chat, not the prompt).
   A context preset's story string (`kind == "story"`) takes only `story_string_prefix/suffix`:
   SillyTavern 1.12.6 writes it as it is, its context presets carry the model's markup.
+
+A model's own Jinja chat template is a format too (`jinja_format`; `load_format` reads it from
+a `.jinja` file, a Hugging Face `tokenizer_config.json` or a GGUF file's
+`tokenizer.chat_template`). Its text prompt is the template rendered (`render.jinja`, as
+transformers renders it) over the chat messages `render_messages` gives: consecutive turns of
+one role merged, names written "Name: text", system turns sent as they are; the open turn
+continued as `continue_final_message` continues a final message, or a blank one asked for
+with `add_generation_prompt`. A template that refuses the chat gets it folded
+(`template_chats`). Its stop strings are the model's EOS text and the first marker the
+template writes after a reply (`<|im_end|>`, `<|eot_id|>`, `<end_of_turn>`): what ends a turn
+when the server does not stop at the token itself. The BOS is the template's to write (its
+`bos_token`); `Format.bos` stays empty.
 """
 
 from __future__ import annotations
@@ -555,7 +567,13 @@ def _template_pieces(fmt: Format, blocks: Sequence[Block]) -> list[str]:
     (`_folded_for_template`): first with the system turns after the first user or assistant
     turn made user turns and a blank user turn before a chat that opens with the assistant,
     then with every system turn a user turn. Only when it refuses those too is the refusal
-    an error (the first one, naming the template's own message)."""
+    an error (the first one, naming the template's own message).
+
+    The prompt is one piece. Pieces a message (split at marks put after each message's text,
+    checked against the plain render) priced the same to a token and built no faster:
+    examples/lighthouse-case4.jsonl at windows of 4,096 and 16,384 with ChatML's and Llama
+    3.1's templates, the head and tail priced 2,629 and 5,967 tokens (ChatML) in one piece, a token
+    more in pieces, against 2,590 and 5,876 counted, in 14-25 ms a build either way."""
     from .jinja import TemplateRefusal, render_chat
 
     template, name, bos, eos = fmt.chat_template, fmt.name, fmt.bos_token, fmt.eos_token
