@@ -205,3 +205,21 @@ def test_a_lone_surrogate_is_counted_not_raised() -> None:
     for path in (V3, TEKKEN):
         counter = mistral_counter(path)
         assert counter("a\ud800b") == counter("a\ufffdb")
+
+
+def test_a_tekken_file_is_converted_once_and_read_from_the_cache(otaku_home: Path) -> None:
+    first = mistral_counter(TEKKEN)
+    (cache,) = (otaku_home / "cache" / "models").glob("tekken-*.ranks")
+    texts = [t["text"] for case in GOLDEN["cases"] for t in case["texts"]]
+    again = mistral_counter(TEKKEN)  # from the cache
+    assert (again.name, again.specials) == (first.name, first.specials)
+    assert [again(t) for t in texts] == [first(t) for t in texts]
+    assert cache.read_bytes().count(b"\n") == 5000  # the header, then the 5,000 tokens kept
+    cache.write_bytes(b'{"format": 1, "tokens": 3}\nAA==\n')  # not what it says: remade
+    assert mistral_counter(TEKKEN)(texts[-1]) == first(texts[-1])
+    assert cache.read_bytes().count(b"\n") == 5000
+
+
+def test_a_cache_that_cannot_be_written_only_costs_time(otaku_home: Path) -> None:
+    (otaku_home / "cache").write_text("not a folder", encoding="utf-8")
+    assert mistral_counter(TEKKEN)("the river") == mistral_counter(TEKKEN)("the river") > 0
