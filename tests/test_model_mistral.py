@@ -207,7 +207,7 @@ def test_a_lone_surrogate_is_counted_not_raised() -> None:
         assert counter("a\ud800b") == counter("a\ufffdb")
 
 
-def test_a_tekken_file_is_converted_once_and_read_from_the_cache(otaku_home: Path) -> None:
+def test_a_tekken_file_is_converted_once_and_read_from_the_cache(otaku_home: Path, tmp_path: Path) -> None:
     first = mistral_counter(TEKKEN)
     (cache,) = (otaku_home / "cache" / "models").glob("tekken-*.ranks")
     texts = [t["text"] for case in GOLDEN["cases"] for t in case["texts"]]
@@ -218,6 +218,10 @@ def test_a_tekken_file_is_converted_once_and_read_from_the_cache(otaku_home: Pat
     cache.write_bytes(b'{"format": 1, "tokens": 3}\nAA==\n')  # not what it says: remade
     assert mistral_counter(TEKKEN)(texts[-1]) == first(texts[-1])
     assert cache.read_bytes().count(b"\n") == 5000
+    changed = tmp_path / "tekken.json"  # another file, or this one changed: converted again
+    changed.write_bytes(TEKKEN.read_bytes().replace(b'"default_vocab_size": 6000', b'"default_vocab_size": 5500'))
+    assert mistral_counter(changed).name == "mistral tekken.json (Tekken v3, 5,500 tokens)"
+    assert len(list((otaku_home / "cache" / "models").glob("tekken-*.ranks"))) == 2
 
 
 def test_a_cache_that_cannot_be_written_only_costs_time(otaku_home: Path) -> None:

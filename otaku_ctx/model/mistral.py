@@ -188,14 +188,14 @@ CACHE_FORMAT = 1
 
 
 def _tekken(path: Path) -> Tokenizer:
-    """The Tekken file, converted once and cached by its content's digest: a 19 MB JSON file
-    is read in a quarter of the time as the cache's one base64 token a line."""
+    """The Tekken file, converted once and cached by its identity (where it is, its size, its
+    modification time): the 19 MB of JSON are not even read again, the cache's 1.5 MB of one
+    base64 token a line are read in a fifth of the time."""
     source = str(path)
-    raw = read_input(path, "tokenizer file", bound=MAX_FILE)
-    cache = model_cache() / f"tekken-{hashlib.blake2b(raw, digest_size=16).hexdigest()}.ranks"
+    cache = model_cache() / f"tekken-{_identity(path)}.ranks"
     tekken = _cached(cache)
     if tekken is None:
-        tekken = _converted(source, raw)
+        tekken = _converted(source, read_input(path, "tokenizer file", bound=MAX_FILE))
         _keep(cache, tekken)
     try:
         ranks = dict(zip(map(binascii.a2b_base64, tekken.tokens), range(len(tekken.tokens)), strict=True))
@@ -206,6 +206,18 @@ def _tekken(path: Path) -> Tokenizer:
     shown = f" {tekken.version}" if tekken.version else ""
     name = f"mistral {path.name} (Tekken{shown}, {tekken.size:,} tokens)"
     return Tokenizer(name, tekken.controls, _tekken_count(_bpe(source, ranks, tekken.pattern)))
+
+
+def _identity(path: Path) -> str:
+    """A digest of the file's place, size, inode and modification time: a file changed or
+    replaced is converted again."""
+    try:
+        info = path.stat()
+        place = str(path.resolve())
+    except OSError as exc:
+        raise ConfigError(str(path), None, f"cannot read it: {exc.strerror or exc}") from None
+    key = f"{CACHE_FORMAT}\0{place}\0{info.st_size}\0{info.st_ino}\0{info.st_mtime_ns}"
+    return hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
 
 
 def _converted(source: str, raw: bytes) -> Tekken:
