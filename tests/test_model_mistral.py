@@ -227,3 +227,13 @@ def test_a_tekken_file_is_converted_once_and_read_from_the_cache(otaku_home: Pat
 def test_a_cache_that_cannot_be_written_only_costs_time(otaku_home: Path) -> None:
     (otaku_home / "cache").write_text("not a folder", encoding="utf-8")
     assert mistral_counter(TEKKEN)("the river") == mistral_counter(TEKKEN)("the river") > 0
+
+
+def test_a_tekken_pattern_the_regex_engine_refuses_is_one_error(tmp_path: Path) -> None:
+    data = json.loads(TEKKEN.read_text(encoding="utf-8"))
+    data["config"]["pattern"] = "(["
+    path = tmp_path / "tekken.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ConfigError, match="pattern is not usable") as raised:
+        mistral_counter(path)
+    assert "\n" not in str(raised.value)
