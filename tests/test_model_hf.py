@@ -251,3 +251,57 @@ def test_a_folder_without_a_tokenizer_json(tmp_path: Path) -> None:
 def test_the_byte_alphabet_is_gpt2_s() -> None:
     alphabet = byte_alphabet()
     assert (alphabet[ord(" ")], alphabet[ord("\n")], alphabet[ord("A")], len(set(alphabet))) == ("Ġ", "Ċ", "A", 256)
+
+
+# -- the pricer's context ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pre", ["smollm", "llama-bpe", "qwen2", "gpt-2"])
+def test_the_context_of_a_text_counts_what_follows_as_the_whole_text_does(smollm2_gguf: Path, pre: str) -> None:
+    """count(text + after) - count(text) == count(end + after) - count(end), end = context(text),
+    over joined random texts and followers of every kind (a special token, a part of one, words,
+    spaces, digits, newlines), with each pre-tokenizer splitting SmolLM2's vocabulary."""
+    from tokenizer_texts import random_texts
+
+    path = smollm2_gguf
+    if pre != "smollm":
+        path = _with_pre(smollm2_gguf.with_name(f"{pre}.gguf"), pre)
+    counter = gguf_counter(path)
+    pieces = random_texts(180, seed=7)
+    followers = ["<|im_end|>", "im_end|>", "|>", "world", " world", "  x", "\n\n", "123", "'s", "é", "日本", ""]
+    runs = [" " * 100, "x" * 150, "日本語の" * 40, "!" * 120, "\n" * 90, "\n \n" * 30, "7" * 100, "<|im_end|>" * 3]
+    texts = ["".join(pieces[i : i + 6]) for i in range(0, len(pieces) - 6, 6)]
+    texts += [f"The keeper said {word} and then " + run for word in ("yes", "no") for run in runs]
+    followers += [" x", "x", "!", "\n", "5", " "]
+    shortened = 0
+    for i, text in enumerate(texts):
+        end = counter.context(text)
+        assert text.endswith(end)
+        shortened += len(end) < len(text)
+        for after in [*followers, pieces[i + 6][:40]]:  # and the start of a random text
+            assert counter(text + after) - counter(text) == counter(end + after) - counter(end), (text, after)
+    assert shortened > 10
+
+
+def test_no_context_cut_crosses_a_special_token(tmp_path: Path) -> None:
+    counter = gguf_counter(write_gguf(tmp_path / "tiny.gguf", tiny_bpe()))
+    text = "word " * 40 + "<|im_start|>" + " the" * 30
+    end = counter.context(text)
+    assert text.endswith(end) and len(end) < len(text)
+    assert hf._crossed("a <|im_end|> b", 5, ("<|im_end|>",))
+    assert not hf._crossed("a <|im_end|> b", 2, ("<|im_end|>",))
+
+
+def _with_pre(target: Path, pre: str) -> Path:
+    with gzip.open(GOLDEN / "vocabulary.json.gz", "rt", encoding="utf-8") as f:
+        data = json.load(f)
+    metadata = {
+        "general.architecture": "llama",
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": data["tokens"],
+        "tokenizer.ggml.token_type": array(I32, data["token_types"]),
+        "tokenizer.ggml.merges": data["merges"],
+        "tokenizer.ggml.add_bos_token": False,
+    }
+    return write_gguf(target, metadata)

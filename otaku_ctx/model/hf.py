@@ -98,14 +98,15 @@ class Loaded:
     bos: str
     added: int
     split: Callable[[str], tuple[list[str], int]] | None = None
+    matched: tuple[str, ...] = ()  # every token matched in the text before pre-tokenizing
 
 
 class ModelCounter(TokenCounter):
     """A `TokenCounter` over a `tokenizers.Tokenizer` loaded on first use (a count, or asking
     for `specials`, `bos` or `added`), which also counts many texts in batches (`count_many`)."""
 
-    def __init__(self, name: str, load: Callable[[], Loaded]) -> None:
-        super().__init__(name, self._one)
+    def __init__(self, name: str, load: Callable[[], Loaded], *, context: bool = False) -> None:
+        super().__init__(name, self._one, context=self._end if context else None)
         self._load = load
         self._loaded: Loaded | None = None
         self._counted: dict[str, int] = {}  # counted by `count_many`, not yet asked for one by one
@@ -140,6 +141,9 @@ class ModelCounter(TokenCounter):
     @added.setter
     def added(self, value: int) -> None:
         pass
+
+    def _end(self, text: str) -> str:
+        return context_of(text, self.loaded().matched)
 
     def _one(self, text: str) -> int:
         known = self._counted.pop(text, None)
@@ -193,9 +197,56 @@ def gguf_counter(path: Path, model: Gguf | None = None) -> ModelCounter:
         matched = [t.content for _, t in sorted(decoder.items())]
         specials = tuple(dict.fromkeys(t.content for _, t in sorted(decoder.items()) if t.special and t.content))
         split = _partition(matched) if _overlapping(matched) else None
-        return Loaded(tokenizer, specials, model.bos_text, added, split)
+        return Loaded(tokenizer, specials, model.bos_text, added, split, tuple(matched))
 
-    return ModelCounter(label, load)
+    return ModelCounter(label, load, context=True)
+
+
+LOOK_BEHIND = 64  # characters of a text kept before what follows it (`context_of`)
+
+
+def context_of(text: str, matched: tuple[str, ...]) -> str:
+    r"""The end of `text` that decides how a text right after it is counted (see
+    `TokenCounter.context`): from a space before a letter at or before the last LOOK_BEHIND
+    characters (more, if a special token is longer), where no special token spelled in the
+    text crosses; `text` itself when there is none near.
+
+    Why that is exact, for every pre-tokenizer in PRE_TOKENIZERS: llama.cpp first cuts out the
+    special tokens; none crosses the cut, and every one that could cross into what follows
+    lies after it, so the cut parts are cut out the same in `text`, in `text + after` and in
+    the end alone. Then each of these patterns finds its pieces left to right, none looking
+    behind, and a piece that ends before the end of `text` is decided by `text` alone; a piece
+    starts at a space before a letter (the piece before it ends there: a letter, digit or
+    symbol run stops at the space, a run of spaces gives its last one back to `\s+(?!\S)`,
+    and digits are cut apart on their own), so the pieces before the cut are the same in
+    `text` and `text + after`, and merges never cross pieces. Those pieces cancel in the
+    difference of the two counts, as in `tokens.cl100k_context`."""
+    reach = max([LOOK_BEHIND, *map(len, matched)])
+    if len(text) <= 2 * reach:
+        return text
+    target = len(text) - reach
+    lowest = max(1, target - 4 * reach)
+    at = text.rfind(" ", lowest, target + 1)
+    while at > 0:
+        following = text[at + 1]
+        if following.isalpha() and not following.isnumeric() and not _crossed(text, at, matched):
+            return text[at:]
+        at = text.rfind(" ", lowest, at)
+    return text
+
+
+def _crossed(text: str, cut: int, matched: tuple[str, ...]) -> bool:
+    """Whether a special token spelled in `text` begins before `cut` and ends after it."""
+    for special in matched:
+        n = len(special)
+        window = text[max(0, cut - n + 1) : cut + n - 1]
+        start = window.find(special)
+        while start >= 0:
+            begins = max(0, cut - n + 1) + start
+            if begins < cut < begins + n:
+                return True
+            start = window.find(special, start + 1)
+    return False
 
 
 def _supported(model: Gguf) -> PreTokenizer:
