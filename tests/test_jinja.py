@@ -7,18 +7,25 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, REPO, run
+from conftest import FIXTURES, REPO
+from conftest import run as ctx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_properties import chained_stories, run, shapes
 
+from otaku_ctx.assemble import Shape
 from otaku_ctx.errors import ConfigError, TemplateError
 from otaku_ctx.hbs.blocks import Block
 from otaku_ctx.render import jinja
 from otaku_ctx.render.formats import bind, jinja_format, load_format, render_text, text_pieces
 from otaku_ctx.render.jinja import Limits, render_chat
+from otaku_ctx.story.model import Story
 
 TEMPLATES = FIXTURES / "chat-templates" / "templates"
 CHATML = (TEMPLATES / "chatml.jinja").read_text(encoding="utf-8")
@@ -73,7 +80,7 @@ def test_a_tokenizer_config_without_a_template_reads_the_one_beside_it(tmp_path:
     config = write(tmp_path / "tokenizer_config.json", json.dumps({"eos_token": "<|im_end|>", "bos_token": None}))
     write(tmp_path / "chat_template.jinja", CHATML)
     fmt = load_format(str(config), [])
-    assert (fmt.chat_template, fmt.bos_token, fmt.eos_token) == (CHATML, "", "<|im_end|>")
+    assert (fmt.chat_template, fmt.bos_token, fmt.eos_token) == (CHATML, None, "<|im_end|>")
     beside = load_format(str(tmp_path / "chat_template.jinja"), [])  # and the .jinja takes the config's tokens
     assert (beside.chat_template, beside.eos_token) == (CHATML, "<|im_end|>")
 
@@ -110,7 +117,7 @@ def test_cli_names_the_template_in_one_line(capsys: pytest.CaptureFixture[str], 
     strict = "{% if messages | length > 1 %}\n{{ raise_exception('One message only!') }}{% endif %}"
     strict += "{{ messages[0]['content'] }}"
     path = write(tmp_path / "strict.jinja", strict)
-    code, out, err = run(capsys, "build", FIXTURES / "chat-templates" / "basic.jsonl", "--format", path)
+    code, out, err = ctx(capsys, "build", FIXTURES / "chat-templates" / "basic.jsonl", "--format", path)
     assert (code, out) == (1, "")
     assert err.strip().splitlines()[-1].endswith(f"{path}:2: the template refuses this chat: One message only!")
 
@@ -258,3 +265,40 @@ def test_without_jinja2_a_template_is_one_line_naming_the_extra(monkeypatch: pyt
     finally:
         jinja._environment.cache_clear()
         jinja.compiled.cache_clear()
+
+
+# --- the budget holds with a model's template ----------------------------------------------
+
+
+# Each template with its model's BOS/EOS, as a model folder's tokenizer_config.json holds them.
+JINJA_CONFIGS = Path(tempfile.mkdtemp(prefix="ctx-jinja-"))
+for _name, _entry in json.loads((FIXTURES / "jinja" / "templates.json").read_text(encoding="utf-8")).items():
+    _source = (FIXTURES / "jinja" / _entry["path"]).read_text(encoding="utf-8")
+    _data = {"chat_template": _source, "bos_token": _entry["bos"] or None, "eos_token": _entry["eos"] or None}
+    write(JINJA_CONFIGS / _name / "tokenizer_config.json", json.dumps(_data))
+
+
+@given(
+    chained_stories(),
+    shapes,
+    st.floats(0.05, 1.2),
+    st.integers(0, 40),
+    st.sampled_from(["text", "openai-completion"]),
+    st.sampled_from(["chatml", "llama3.1", "mistral", "mistral-v7-tekken", "gemma-3", "gemma-2"]),
+)
+@settings(max_examples=15)  # about 0.2 s an example, and the fast suite has a minute
+def test_invariants_with_a_models_template(
+    s: Story, shape: Shape, fraction: float, reserve: int, emit: str, template: str
+) -> None:
+    """Random stories (system turns anywhere, the assistant first, look-alikes of control
+    tokens) within the limit through strict and lenient templates alike: none refused."""
+    run(
+        s,
+        shape,
+        fraction,
+        reserve,
+        emit,
+        "cl100k_base",
+        "default",
+        str(JINJA_CONFIGS / template / "tokenizer_config.json"),
+    )

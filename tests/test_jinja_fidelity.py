@@ -44,7 +44,11 @@ def expected(chat: str, template: str, mode: str) -> tuple[str | None, str | Non
 def config_file(tmp_path: Path, template: str) -> Path:
     """A tokenizer_config.json holding the template and its BOS/EOS, as a model folder has it."""
     entry = TEMPLATES[template]
-    data = {"chat_template": template_source(template), "bos_token": entry["bos"], "eos_token": entry["eos"]}
+    data = {
+        "chat_template": template_source(template),
+        "bos_token": entry["bos"] or None,
+        "eos_token": entry["eos"] or None,
+    }
     path = tmp_path / template / "tokenizer_config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data), encoding="utf-8")
@@ -71,7 +75,12 @@ def test_render_matches_transformers(chat: Path, template: str, mode: str) -> No
     def render() -> str:
         source = template_source(template)
         return render_chat(
-            source, chat_messages, name=template, bos=entry["bos"], eos=entry["eos"], continue_final=continued
+            source,
+            chat_messages,
+            name=template,
+            bos=entry["bos"] or None,
+            eos=entry["eos"] or None,
+            continue_final=continued,
         )
 
     if refusal is not None:

@@ -198,8 +198,8 @@ class Format:
     # template's rendering of the format's turns, and the sequences above are unused. Its BOS
     # and EOS texts are the template's `bos_token` and `eos_token`.
     chat_template: str = field(default="", repr=False)
-    bos_token: str = ""
-    eos_token: str = ""
+    bos_token: str | None = None  # None: undefined in the template, as a tokenizer without one leaves it
+    eos_token: str | None = None
     # The story's names (`bind`), not read from a file: `{{user}}`, `{{char}}`, and whether
     # more than one character speaks (a group chat, for names_behavior = "force").
     user: str = ""
@@ -349,10 +349,11 @@ def _instruct_stops(fmt: Format, stop_sequence: str) -> tuple[str, ...]:
 # --- a model's own chat template (Jinja) ---------------------------------------------------
 
 
-def jinja_format(template: str, *, bos: str, eos: str, name: str) -> Format:
+def jinja_format(template: str, *, bos: str | None, eos: str | None, name: str) -> Format:
     """A format whose text prompts are a model's own Jinja chat template rendered over the
     format's turns (`render.jinja`), with `bos` and `eos` as its `bos_token` and
-    `eos_token`; `name` names it in errors ("model.gguf (tokenizer.chat_template)"). The
+    `eos_token` (None: undefined, as transformers leaves a token the tokenizer has not);
+    `name` names it in errors ("model.gguf (tokenizer.chat_template)"). The
     template is compiled now, so one that is not valid Jinja is an error naming its line.
 
     Its stop strings are the EOS text and what the template writes right after an
@@ -363,14 +364,15 @@ def jinja_format(template: str, *, bos: str, eos: str, name: str) -> Format:
     from .jinja import check_template, turn_end
 
     check_template(template, name)
-    stop = _unique([eos, turn_end(template, name, bos=bos, eos=eos)])
+    stop = _unique([eos or "", turn_end(template, name, bos=bos, eos=eos)])
     return Format(name=name, chat_template=template, bos_token=bos, eos_token=eos, macro=False, stop=stop)
 
 
 def read_jinja(path: Path) -> Format:
-    """A `.jinja` chat template file. It carries no BOS or EOS text of its own, so its
-    `bos_token`/`eos_token` are undefined — unless it is a model folder's
-    `chat_template.jinja` with a `tokenizer_config.json` beside it, which has them."""
+    """A `.jinja` chat template file. It carries no BOS or EOS text of its own, so the
+    template gets empty ones (a template that adds `eos_token` to a text still renders) —
+    unless it is a model folder's `chat_template.jinja` with a `tokenizer_config.json`
+    beside it, which has them."""
     template = _read(path, "template")
     config = path.parent / "tokenizer_config.json"
     if path.name == "chat_template.jinja" and config.is_file():
@@ -423,14 +425,14 @@ def _is_tokenizer_config(data: dict[str, Any], path: Path) -> bool:
     return "chat_template" in data or path.name == "tokenizer_config.json"
 
 
-def _token_text(source: str, data: dict[str, Any], key: str) -> str:
+def _token_text(source: str, data: dict[str, Any], key: str) -> str | None:
     """A special token as a tokenizer config writes it: a string, or an object with its
-    "content" (transformers' AddedToken); none is empty."""
+    "content" (transformers' AddedToken); None when it has none."""
     value = data.get(key)
     if isinstance(value, dict):
         value = value.get("content")
     if value is None:
-        return ""
+        return None
     if not isinstance(value, str):
         raise ConfigError(source, key, f'expected a string or an object with a "content" string, got {value!r:.60}')
     return value

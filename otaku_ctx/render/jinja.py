@@ -7,7 +7,7 @@ with `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, `raise_exc
 and `sort_keys` (`json.dumps`'s own), a `dict` that is only a constructor, a `namespace` that
 refuses attributes starting with "_", and the variables `messages`, `tools` and `documents`
 (None: ctx sends neither), `add_generation_prompt`, `bos_token` and `eos_token` (left
-undefined when the model has none, as a tokenizer without one leaves them).
+undefined when they are None: a tokenizer without one leaves them so).
 
 An open turn with text is continued as transformers' `continue_final_message` continues a
 final message: a tag is put after its text, the chat rendered, and the prompt cut where the
@@ -122,8 +122,8 @@ def render_chat(
     messages: Sequence[Mapping[str, str]],
     *,
     name: str,
-    bos: str = "",
-    eos: str = "",
+    bos: str | None = None,
+    eos: str | None = None,
     continue_final: bool = False,
     generation_prompt: bool = True,
     limits: Limits | None = None,
@@ -149,9 +149,9 @@ def render_chat(
         "documents": None,
         "add_generation_prompt": generation_prompt and not continue_final,
     }
-    if bos:
+    if bos is not None:
         variables["bos_token"] = bos
-    if eos:
+    if eos is not None:
         variables["eos_token"] = eos
     text = _render(compiled(template, name), variables, name, limits or limits_for(chat))
     if not continue_final:
@@ -430,7 +430,7 @@ def _check_replace(budget: _Budget, text: Any, old: Any, new: Any) -> None:
         budget.size(len(text) + count * max(len(new) - len(old), 0), "a replace")
 
 
-def turn_end(template: str, name: str, *, bos: str = "", eos: str = "") -> str:
+def turn_end(template: str, name: str, *, bos: str | None = None, eos: str | None = None) -> str:
     """The marker the template writes right after an assistant's message ("<|im_end|>",
     "<|eot_id|>", "<end_of_turn>", "</s>"): the first `<...>` or `[...]` there, before any
     other text. Empty when it writes none, or refuses the probe chat."""
