@@ -305,3 +305,16 @@ def _with_pre(target: Path, pre: str) -> Path:
         "tokenizer.ggml.add_bos_token": False,
     }
     return write_gguf(target, metadata)
+
+
+def test_a_lone_surrogate_counts_as_a_replacement_character(tmp_path: Path) -> None:
+    counter = gguf_counter(write_gguf(tmp_path / "tiny.gguf", tiny_bpe()))
+    assert counter("a\ud800b") == counter("a\ufffdb") == 1 + 3 + 1  # U+FFFD is three bytes
+    assert counter.count_many(["x\udc00", "y"]) == [counter("x\ufffd"), 1]
+
+
+def test_what_is_set_on_a_counter_is_kept(tmp_path: Path) -> None:
+    counter = gguf_counter(write_gguf(tmp_path / "tiny.gguf", tiny_bpe()))
+    assert counter.bos == "<|im_start|>"
+    counter.bos, counter.added, counter.specials = "", 1, ("<|im_end|>",)
+    assert (counter.bos, counter.added, counter.specials) == ("", 1, ("<|im_end|>",))

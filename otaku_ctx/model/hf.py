@@ -117,30 +117,37 @@ class ModelCounter(TokenCounter):
             self._loaded = self._load()
         return self._loaded
 
-    # TokenCounter's attributes, read from the loaded tokenizer (the base class sets them empty)
+    # TokenCounter's attributes, read from the loaded tokenizer unless set after the counter
+    # was made (the base class's own empty values are not kept)
     @property
     def specials(self) -> tuple[str, ...]:
-        return self.loaded().specials
+        given = self.__dict__.get("_given_specials")
+        return self.loaded().specials if given is None else given
 
     @specials.setter
     def specials(self, value: tuple[str, ...]) -> None:
-        pass
+        if "_load" in self.__dict__:
+            self.__dict__["_given_specials"] = value
 
     @property
     def bos(self) -> str:
-        return self.loaded().bos
+        given = self.__dict__.get("_given_bos")
+        return self.loaded().bos if given is None else given
 
     @bos.setter
     def bos(self, value: str) -> None:
-        pass
+        if "_load" in self.__dict__:
+            self.__dict__["_given_bos"] = value
 
     @property
     def added(self) -> int:
-        return self.loaded().added
+        given = self.__dict__.get("_given_added")
+        return self.loaded().added if given is None else given
 
     @added.setter
     def added(self, value: int) -> None:
-        pass
+        if "_load" in self.__dict__:
+            self.__dict__["_given_added"] = value
 
     def _end(self, text: str) -> str:
         return context_of(text, self.loaded().matched)
@@ -178,9 +185,16 @@ class ModelCounter(TokenCounter):
 def _batch(tokenizer: Any, texts: list[str]) -> list[Any]:
     if not texts:
         return []
-    if len(texts) == 1:
-        return [tokenizer.encode(texts[0], add_special_tokens=False).ids]
-    return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+    try:
+        if len(texts) == 1:
+            return [tokenizer.encode(texts[0], add_special_tokens=False).ids]
+        return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+    except TypeError:  # a lone surrogate, which no UTF-8 text holds: counted as U+FFFD, as cl100k_base does
+        return _batch(tokenizer, [_without_surrogates(text) for text in texts])
+
+
+def _without_surrogates(text: str) -> str:
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def gguf_counter(path: Path, model: Gguf | None = None) -> ModelCounter:
