@@ -98,12 +98,27 @@ def test_the_bos_the_server_adds_is_not_spelled_and_is_counted() -> None:
 
 
 def test_a_chat_is_counted_as_its_format_renders_it_for_a_model() -> None:
-    s = story(6)
+    s = story(5)  # ends on the user's turn: the server opens the reply's turn
     chat = build(s, settings_for("chatml"), emit="openai-chat", count=model_counter())
     text = build(s, settings_for("chatml"), count=model_counter())
-    assert chat.assembly.tokens == text.assembly.tokens  # the server renders the messages so
+    assert text.prompt is not None and text.prompt.endswith("<|im_start|>assistant\nIlya:")
+    # the server renders the messages so, and opens the reply's turn (ctx's "Ilya:" is not sent)
+    assert chat.assembly.tokens == model_counter()(text.prompt.removesuffix("Ilya:"))
     by_rule = build(s, settings_for("chatml"), emit="openai-chat")
     assert by_rule.assembly.tokens != chat.assembly.tokens  # OpenAI's rule counts otherwise
+
+
+def test_a_chat_ending_on_the_assistant_is_counted_as_its_continuation() -> None:
+    """llama.cpp's server continues a chat's last assistant message (its prefill): no end of
+    that turn, no new one, so fewer tokens than the text prompt's new turn."""
+    s = story(6)
+    chat = build(s, settings_for("chatml"), emit="messages", count=model_counter())
+    text = build(s, settings_for("chatml"), count=model_counter())
+    assert text.prompt is not None and chat.prompt is not None
+    last = json.loads(chat.prompt)[-1]
+    assert last["role"] == "assistant"
+    continued = text.prompt[: text.prompt.rindex(last["content"]) + len(last["content"])]
+    assert chat.assembly.tokens == model_counter()(continued)
 
 
 def test_the_limit_holds_by_the_models_count() -> None:

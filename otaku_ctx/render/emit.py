@@ -100,7 +100,15 @@ class PromptRenderer:
         return "".join(self.pieces(blocks))
 
     def pieces(self, blocks: Sequence[Block]) -> list[str]:
-        """The text prompt in pieces (`text_pieces`), less the BOS the server adds itself."""
+        """The text prompt in pieces (`text_pieces`), less the BOS the server adds itself. For
+        chat messages counted as text, the text the server makes of the messages sent (the
+        open turn is the reply it asks for, so not sent: `messages`), as llama.cpp's server
+        reads them: a chat that ends on an assistant message is that message to continue
+        (its prefill), not a new turn (docs/model.md)."""
+        if not self.text_form:
+            blocks = [b for b in blocks if not b.open]
+            if blocks and blocks[-1].role == "assistant":
+                blocks[-1] = replace(blocks[-1], open=True)
         pieces = text_pieces(self.format, blocks)
         if self.server_bos:
             for i, piece in enumerate(pieces):
