@@ -406,7 +406,7 @@ def counter_for(settings: Settings) -> TokenCounter:
     from .model.resolve import counter
 
     m = settings.model
-    return counter(m.tokenizer, m.server or settings.summarize.url)
+    return counter(m.tokenizer, m.server or settings.summarize.url, m.name or settings.summarize.model)
 
 
 def with_model(settings: Settings) -> Settings:
@@ -434,7 +434,7 @@ def with_model(settings: Settings) -> Settings:
         from .model.resolve import server_window
 
         server = m.server or settings.summarize.url
-        if server and (window := server_window(server)):
+        if server and (window := server_window(server, m.name or settings.summarize.model)):
             model["window"], label = window, f"the server ({server})"
     if not model and not prompt:
         return settings

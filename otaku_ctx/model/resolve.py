@@ -12,11 +12,16 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..files import read_input, record_input
 from ..tokens import TOKENIZERS, TokenCounter, make_counter
+
+if TYPE_CHECKING:
+    from ..backend import Backend
 
 GGUF_MAGIC = b"GGUF"
 # Mistral's own tokenizer files, as mistral-common and Mistral's model folders ship them.
@@ -91,14 +96,14 @@ def locate(use: str) -> ModelFiles:
     return ModelFiles(use, gguf=blob)
 
 
-def counter(spec: str, server: str = "") -> TokenCounter:
+def counter(spec: str, server: str = "", model: str = "") -> TokenCounter:
     """A fresh counter for `[model] tokenizer`: a name of `tokens`' (cl100k_base, estimate),
-    "server" (the tokenize endpoint of the model server at `server`), or a tokenizer file
+    "server" (the tokenize endpoint of the model server at `server`, for `model`), or a tokenizer file
     or folder: a GGUF, a Hugging Face tokenizer.json (or a folder holding one), Mistral's
     SentencePiece `*.model.v*` or Tekken `tekken*.json`."""
     if spec in TOKENIZERS:
         return make_counter(spec)
-    made = server_counter(server) if spec == "server" else _file_counter(Path(spec).expanduser())
+    made = server_counter(server, model) if spec == "server" else _file_counter(Path(spec).expanduser())
     made.parses_specials = True
     return made
 
@@ -162,22 +167,29 @@ def _starts_with(path: Path, magic: bytes) -> bool:
         return False
 
 
-def server_counter(server: str) -> TokenCounter:
-    """The counter of the model server at `server`: its own tokenize endpoint, its counts
-    kept in the user's cache so a rebuild asks only for what is new."""
+def server_counter(server: str, model: str = "") -> TokenCounter:
+    """The counter of the model server at `server` (asked for `model`, where it serves many):
+    its own tokenize endpoint, its counts kept in the user's cache so a rebuild asks only
+    for what is new."""
     if not server:
         raise ConfigError(
             "model.tokenizer", None, 'tokenizer "server" needs the server: give --server URL or set [model] server'
         )
-    from ..backend import Backend
     from ..locations import count_cache
     from .server import server_counter as of_server
 
-    return of_server(Backend(server, ""), count_cache())
+    return of_server(backend(server, model), count_cache())
 
 
-def server_window(server: str) -> int | None:
+def server_window(server: str, model: str = "") -> int | None:
     """The window the model server at `server` enforces (llama.cpp: its `n_ctx` a slot)."""
+    return backend(server, model).window()
+
+
+@lru_cache(maxsize=4)
+def backend(server: str, model: str) -> Backend:
+    """One `Backend` a server and model in a run: the window and the counter ask the same one,
+    so the server is found out once."""
     from ..backend import Backend
 
-    return Backend(server, "").window()
+    return Backend(server, model)
