@@ -96,7 +96,7 @@ class _Budget:
         self.steps += 1
         if self.steps > self.limits.steps:
             raise Exceeded(f"runs past {self.limits.steps:,} steps (a loop without end?)")
-        if not self.steps & 0x3FF and time.monotonic() > self.deadline:
+        if not self.steps & 0x3F and time.monotonic() > self.deadline:  # every 64 steps: a step may be a sort
             raise Exceeded(f"runs past {self.limits.seconds:g} s (a loop without end?)")
 
     def size(self, n: int, what: str) -> None:
