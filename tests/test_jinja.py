@@ -33,6 +33,12 @@ CHAT = [{"role": "user", "content": "Hello."}, {"role": "assistant", "content": 
 SMALL = Limits(chars=100_000, steps=200_000, seconds=5)
 
 
+@pytest.fixture(autouse=True)
+def fresh_run() -> None:
+    """Each test a run of its own: no template time spent yet."""
+    jinja._spent.clear()
+
+
 def rendered(template: str, limits: Limits = SMALL, **kwargs: object) -> str:
     return render_chat(template, CHAT, name="t.jinja", limits=limits, **kwargs)  # type: ignore[arg-type]
 
@@ -233,6 +239,17 @@ def test_a_loop_without_end_stops_at_the_time_bound() -> None:
     message = refused(forever, Limits(chars=1000, steps=10**12, seconds=0.3))
     assert "runs past 0.3 s" in message
     assert time.monotonic() - started < 2
+
+
+def test_a_templates_renders_share_the_runs_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A template slow enough to pass each render's bound still ends: its renders of one run
+    share `RUN_SECONDS`."""
+    monkeypatch.setattr(jinja, "RUN_SECONDS", 0.5)
+    slow = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
+    limits = Limits(chars=1000, steps=10**12, seconds=0.3)
+    assert "runs past 0.3 s" in refused(slow, limits)
+    assert refused(slow, limits) == "t.jinja:1: stopped: the template has taken 0.5 s of this run"
+    assert refused(slow, limits) == "t.jinja: stopped: the template has taken 0.5 s of this run"  # not run again
 
 
 def test_the_default_bounds_leave_room_for_a_long_chat() -> None:
