@@ -5,10 +5,14 @@ and the model's parts give way to what the user set."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+from conftest import run
+from gguf_files import tiny_bpe, write_gguf
 from stories import story
 
 from otaku_ctx.build import build, with_model
@@ -172,3 +176,69 @@ def test_a_config_file_of_defaults_does_not_hide_the_model(tmp_path) -> None:
     assert s.model.window == 32768 and s.prompt.format.endswith("tokenizer_config.json")
     config.write_text(f'[model]\nuse = "{folder}"\nwindow = 16000\n')
     assert with_model(load_settings(config, explicit=True)).model.window == 16000
+
+
+# --- `ctx build --use`, end to end, with a tiny GGUF of the tests' own -----------------------
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lighthouse-case4.jsonl"
+
+
+def tiny_model(folder: Path) -> Path:
+    return write_gguf(folder / "tiny.gguf", tiny_bpe(**{"llama.context_length": 16384}))
+
+
+def ollama_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gguf: Path) -> None:
+    """An Ollama models folder serving `gguf` as `tiny:latest` (its manifest, its blob)."""
+    models = tmp_path / "ollama"
+    data = gguf.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    (models / "blobs").mkdir(parents=True)
+    (models / "blobs" / f"sha256-{digest}").write_bytes(data)
+    layer = {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": len(data)}
+    manifest = models / "manifests" / "registry.ollama.ai" / "library" / "tiny" / "latest"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [layer]}))
+    monkeypatch.setenv("OLLAMA_MODELS", str(models))
+
+
+def test_build_use_a_gguf_takes_its_template_tokenizer_and_window(capsys, tmp_path: Path) -> None:
+    gguf = tiny_model(tmp_path)
+    code, out, err = run(capsys, "inspect", EXAMPLE, "--use", gguf, "--json")
+    assert code == 0, err
+    facts = json.loads(out)
+    assert facts["tokenizer"].startswith("gguf tiny.gguf") and facts["window"] == 16384
+    code, prompt, err = run(capsys, "build", EXAMPLE, "--use", gguf)
+    assert code == 0, err
+    assert prompt.startswith("<|im_start|>system\n") and "<|im_start|>assistant\n" in prompt
+    # a flag wins over each part the model gives
+    code, out, _ = run(
+        capsys, "inspect", EXAMPLE, "--use", gguf, "--window", "4096", "--tokenizer", "estimate", "--json"
+    )
+    assert code == 0 and json.loads(out)["window"] == 4096 and json.loads(out)["tokenizer"] == "estimate"
+
+
+def test_build_use_an_ollama_name_is_the_gguf_it_serves(capsys, tmp_path: Path, monkeypatch) -> None:
+    gguf = tiny_model(tmp_path)
+    ollama_folder(tmp_path, monkeypatch, gguf)
+    code, by_name, err = run(capsys, "build", EXAMPLE, "--use", "tiny")
+    assert code == 0, err
+    assert by_name == run(capsys, "build", EXAMPLE, "--use", gguf)[1]
+    code, _, err = run(capsys, "build", EXAMPLE, "--use", "nosuchmodel")
+    assert code == 1 and err.count("\n") == 1 and "nosuchmodel" in err
+
+
+def test_no_output_is_written_onto_the_model(capsys, tmp_path: Path) -> None:
+    gguf = tiny_model(tmp_path)
+    before = gguf.read_bytes()
+    code, out, err = run(capsys, "build", EXAMPLE, "--use", gguf, "-o", gguf)
+    assert code != 0 and out == "" and "tiny.gguf" in err
+    assert gguf.read_bytes() == before
+
+
+def test_a_model_that_cannot_load_is_one_line(capsys, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\xff" * 40)
+    code, out, err = run(capsys, "build", EXAMPLE, "--use", broken)
+    assert code == 1 and out == "" and err.count("\n") == 1 and "broken.gguf" in err
+    code, out, err = run(capsys, "build", EXAMPLE, "--tokenizer", "server")
+    assert code != 0 and out == "" and "--server" in err and err.count("\n") == 1

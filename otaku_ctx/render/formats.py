@@ -252,7 +252,7 @@ def load_format(name_or_path: str, search_dirs: Sequence[Path]) -> Format:
         return read_preset(Path(name_or_path))
     if suffix == ".jinja":
         return read_jinja(Path(name_or_path))
-    if suffix == ".gguf":
+    if suffix == ".gguf" or _is_gguf(name_or_path):  # an Ollama blob is a GGUF with no suffix
         return read_gguf_template(Path(name_or_path))
     if not name_or_path or "/" in name_or_path or "\\" in name_or_path:
         raise ConfigError(name_or_path, None, "expected a format name or a .toml/.json/.jinja/.gguf file")
@@ -404,6 +404,17 @@ def tokenizer_config_format(path: Path, data: dict[str, Any]) -> Format:
         raise ConfigError(source, "chat_template", f"expected a Jinja template (a string), got {template!r:.60}")
     bos, eos = _token_text(source, data, "bos_token"), _token_text(source, data, "eos_token")
     return jinja_format(template, bos=bos, eos=eos, name=f"{source} (chat_template)")
+
+
+def _is_gguf(name_or_path: str) -> bool:
+    """A path (not a bare name) of a regular file that starts as a GGUF file does."""
+    if "/" not in name_or_path and "\\" not in name_or_path:
+        return False
+    try:
+        with open(name_or_path, "rb") as f:
+            return os.fstat(f.fileno()).st_mode & 0o170000 == 0o100000 and f.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def read_gguf_template(path: Path) -> Format:
