@@ -318,3 +318,19 @@ def test_what_is_set_on_a_counter_is_kept(tmp_path: Path) -> None:
     assert counter.bos == "<|im_start|>"
     counter.bos, counter.added, counter.specials = "", 1, ("<|im_end|>",)
     assert (counter.bos, counter.added, counter.specials) == ("", 1, ("<|im_end|>",))
+
+
+def test_a_byte_the_vocabulary_lacks_keeps_its_neighbours_apart_and_counts_nothing(tmp_path: Path) -> None:
+    """As llama.cpp does (SmolLM2 has no token for the byte 0x1D: llama-server gives "x \\x1d! y"
+    as x, " ", "!", " y"): the merge of " " and "!" does not reach across it."""
+    metadata = tiny_bpe()
+    missing = byte_alphabet()[0x1D]
+    tokens = [t for t in metadata["tokenizer.ggml.tokens"] if t != missing] + ["Ġ!"]  # type: ignore[attr-defined]
+    metadata["tokenizer.ggml.tokens"] = tokens
+    metadata["tokenizer.ggml.token_type"] = array(I32, [3, 3, 3] + [1] * (len(tokens) - 3))
+    metadata["tokenizer.ggml.merges"] = [*metadata["tokenizer.ggml.merges"], "Ġ !"]  # type: ignore[misc]
+    counter = gguf_counter(write_gguf(tmp_path / "gap.gguf", metadata))
+    assert counter(" !") == 1
+    assert counter(" \x1d!") == 2
+    assert counter("\x1d") == 0
+    assert counter.count_many(["x \x1d! y", " \x1d!"]) == [5, 2]  # x, Ġ, !, Ġ, y: no "Ġy" here

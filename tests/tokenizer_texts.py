@@ -97,5 +97,28 @@ def long_texts() -> list[str]:
     return [story[:20_000], " " * 3000 + "x", "a" * 5000, "\n" * 2000, "7" * 3000, "日本" * 1500]
 
 
+# Characters where tokenizers' notions of a space differ: Unicode's White_Space, the ASCII
+# separators Python calls spaces, the zero-width ones, and controls whose byte a vocabulary
+# may lack (SmolLM2 has no token for the byte 0x1D).
+SPACES = [0x9, 0xA, 0xB, 0xC, 0xD, 0x1C, 0x1D, 0x1E, 0x1F, 0x20, 0x85, 0xA0, 0x1680, 0x180E]
+SPACES += [*range(0x2000, 0x200C), 0x2028, 0x2029, 0x202F, 0x205F, 0x2060, 0x3000, 0xFEFF, 0x4, 0x6]
+
+
+def codepoint_texts(n_random: int = 2000, seed: int = 5) -> list[str]:
+    """Pairs of those characters (and of random code points of every plane) in a few places."""
+    texts = []
+    for a in SPACES:
+        for b in [*SPACES, ord("x"), ord("1"), ord("!")]:
+            for form in ("{}{}", "x{}{}y", "x {}{} y", "{}{}x"):
+                texts.append(form.format(chr(a), chr(b)))
+    rng = random.Random(seed)
+    points = [*range(0x80, 0xD800), *range(0xE000, 0x30000), *range(0xE0000, 0xE0080), 0xF0000, 0x10FFFD]
+    for _ in range(n_random):
+        form = rng.choice(["{}{}", " {}{}", "x{}{} y", "{} {}", "{}{}!", "1{}2{}", "{}\n{}"])
+        texts.append(form.format(chr(rng.choice(points)), chr(rng.choice(points))))
+    return texts
+
+
 def all_texts(n_random: int = 3000) -> list[str]:
-    return list(dict.fromkeys(fixture_messages() + random_texts(n_random) + long_texts()))
+    texts = fixture_messages() + random_texts(n_random) + long_texts() + codepoint_texts()
+    return list(dict.fromkeys(texts))

@@ -28,7 +28,7 @@ from ..tokens import TokenCounter
 from .gguf import CONTROL, UNKNOWN, USER_DEFINED, Gguf, read_gguf
 
 INSTALL = "pip install 'otaku-ctx[model]'"
-CONVERTER = 1  # the conversion's own version, part of the cache's key: bump it when the output changes
+CONVERTER = 2  # the conversion's own version, part of the cache's key: bump it when the output changes
 TOKENIZER_JSON_BOUND = 256 << 20  # bytes; Gemma's 256k vocabulary is ~35 MB
 BATCH = 64  # texts encoded in one call of `encode_batch_fast`
 
@@ -99,6 +99,7 @@ class Loaded:
     added: int
     split: Callable[[str], tuple[list[str], int]] | None = None
     matched: tuple[str, ...] = ()  # every token matched in the text before pre-tokenizing
+    unknown: int | None = None  # the id standing for a byte the vocabulary lacks, counted as nothing
 
 
 class ModelCounter(TokenCounter):
@@ -160,12 +161,17 @@ class ModelCounter(TokenCounter):
 
     def _encoded(self, texts: list[str]) -> list[int]:
         loaded = self.loaded()
+        unknown = loaded.unknown
+
+        def length(ids: list[int]) -> int:
+            return len(ids) - (ids.count(unknown) if unknown is not None else 0)
+
         if loaded.split is None:
-            return [len(ids) for ids in _batch(loaded.tokenizer, texts)]
+            return [length(ids) for ids in _batch(loaded.tokenizer, texts)]
         counts = []
         for text in texts:
             plain, specials = loaded.split(text)
-            counts.append(specials + sum(len(ids) for ids in _batch(loaded.tokenizer, plain)))
+            counts.append(specials + sum(length(ids) for ids in _batch(loaded.tokenizer, plain)))
         return counts
 
     def count_many(self, texts: Iterable[str]) -> list[int]:
@@ -211,10 +217,29 @@ def gguf_counter(path: Path, model: Gguf | None = None) -> ModelCounter:
         matched = [t.content for _, t in sorted(decoder.items())]
         specials = tuple(dict.fromkeys(t.content for _, t in sorted(decoder.items()) if t.special and t.content))
         split = _partition(matched) if _overlapping(matched) else None
-        return Loaded(tokenizer, specials, model.bos_text, added, split, tuple(matched))
+        unknown = tokenizer.token_to_id(UNKNOWN_BYTE)
+        return Loaded(tokenizer, specials, model.bos_text, added, split, tuple(matched), unknown)
 
     return ModelCounter(label, load, context=True)
 
+
+UNKNOWN_BYTE = "\x00ctx: a byte with no token\x00"  # never a token's text: its NULs are no GGUF token's
+
+
+def _byte_chars() -> tuple[str, ...]:
+    """GPT-2's characters for the 256 bytes, as ByteLevel maps them."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = [], 0
+    for byte in range(256):
+        if byte in printable:
+            chars.append(chr(byte))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return tuple(chars)
+
+
+_BYTE_CHARS = _byte_chars()
 
 LOOK_BEHIND = 64  # characters of a text kept before what follows it (`context_of`)
 
@@ -315,6 +340,14 @@ def gguf_tokenizer_json(model: Gguf, pre: PreTokenizer | None = None) -> dict[st
     types = vocabulary.token_types or (1,) * len(vocabulary.tokens)
     tokens = [text or f"[EMPTY_{i}]" for i, text in enumerate(vocabulary.tokens)]  # llama.cpp's name for ""
     vocab = {text: i for i, text in enumerate(tokens)}  # a text twice: the last id, as llama.cpp's map keeps
+    # A byte the vocabulary has no token for stays between its neighbours in llama.cpp (they
+    # never merge across it) and then counts as nothing; `tokenizers` would drop it before
+    # merging, joining them. It is kept as an unknown token of an id past the vocabulary's,
+    # which the counter does not count.
+    unknown = None
+    if any(char not in vocab for char in _BYTE_CHARS):
+        unknown = UNKNOWN_BYTE
+        vocab[UNKNOWN_BYTE] = len(tokens)
     merges = _merges(where, vocabulary.merges, vocab)
     added = [
         {
@@ -345,7 +378,7 @@ def gguf_tokenizer_json(model: Gguf, pre: PreTokenizer | None = None) -> dict[st
         "model": {
             "type": "BPE",
             "dropout": None,
-            "unk_token": None,
+            "unk_token": unknown,
             "continuing_subword_prefix": None,
             "end_of_word_suffix": None,
             "fuse_unk": False,
