@@ -222,6 +222,13 @@ def test_a_namespace_takes_no_underscore_attribute() -> None:
         ("{{ 'x' | center(10**9) }}", "a filter's argument"),
         ("{{ 'ab' | replace('', 'y' * 90000) | replace('', 'z' * 90000) }}", "a replace"),
         ("{{ messages | tojson(indent=1000) }}", "asks for a JSON indent of 1,000"),
+        ("{{ (['x' * 90000] * 90) | join }}", "would make a join of 8,100,000"),
+        ("{{ (['x' * 90000] * 9) | join('y' * 90000) }}", "a join"),
+        ("{{ ''.join(['x' * 90000] * 90) }}", "a join"),
+        ("{{ ''.join(range(50000) | map('string') | map('center', 99000)) }}", "would make a join of 198,000"),
+        ("{{ range(50000) | map('string') | map('center', 99000) | join }}", "would make a join of 198,000"),
+        ("{{ ('x\n' * 40000) | indent(90000) }}", "an indent"),
+        ("{{ lipsum(n=1000000) }}", "paragraphs of up to 100 words of lorem ipsum"),
         ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "recurses too deep"),
     ],
 )

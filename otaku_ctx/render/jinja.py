@@ -296,7 +296,7 @@ def _environment() -> Any:
         def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
             budget = _budget()
             budget.tick()
-            _check_call(budget, __obj, args, kwargs)
+            args = _check_call(budget, __obj, args, kwargs)
             return super().call(__context, __obj, *args, **kwargs)
 
     environment = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
@@ -309,6 +309,7 @@ def _environment() -> Any:
     environment.globals["strftime_now"] = _strftime_now
     environment.globals["dict"] = _Dict()
     environment.globals["namespace"] = _namespace_class(jinja2.utils.Namespace)
+    environment.globals["lipsum"] = _lipsum(jinja2.utils.generate_lorem_ipsum)
     return environment
 
 
@@ -379,9 +380,20 @@ def _concat(values: Iterable[Any]) -> str:
     return "".join(texts)
 
 
+def _lipsum(generate: Callable[..., str]) -> Callable[..., str]:
+    """jinja2's `lipsum`, at most 100 paragraphs of at most 1,000 words."""
+
+    def lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002 - jinja2's names
+        if n > 100 or max > 1000:
+            raise Exceeded(f"asks for {n:,} paragraphs of up to {max:,} words of lorem ipsum")
+        return generate(n, html, min, max)
+
+    return lipsum
+
+
 def _guarded_filter(function: Callable[..., Any]) -> Callable[..., Any]:
-    """A filter that counts as a step, refuses a width or count past the bound, and whose
-    result must be within it."""
+    """A filter that counts as a step, refuses a width or count past the bound (and a join or
+    an indent that would make a text past it), and whose result must be within it."""
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
         budget = _budget()
@@ -390,9 +402,20 @@ def _guarded_filter(function: Callable[..., Any]) -> Callable[..., Any]:
             if isinstance(value, int) and not isinstance(value, bool):
                 budget.size(abs(value), "a filter's argument")
         name = getattr(function, "__name__", "")
-        values = [a for a in args if not _is_context(a)]
+        at = next((i for i, a in enumerate(args) if not _is_context(a)), len(args))
+        values = list(args[at:])
         if name == "do_replace" and len(values) >= 3:
             _check_replace(budget, values[0], values[1], values[2])
+        elif name == "do_join" and values:
+            if not isinstance(values[0], (str, list, tuple)):
+                values[0] = _bounded_list(budget, values[0])  # what jinja2's join does first
+                args = (*args[:at], *values)
+            separator = values[1] if len(values) > 1 else kwargs.get("d", "")
+            _check_join(budget, values[0], separator)
+        elif name == "do_indent" and values and isinstance(values[0], str):
+            width = values[1] if len(values) > 1 else kwargs.get("width", 4)
+            lines = values[0].count("\n") + 1
+            budget.size(len(values[0]) + lines * (width if isinstance(width, int) else len(str(width))), "an indent")
         result = function(*args, **kwargs)
         if isinstance(result, (str, list, tuple, dict)):
             budget.size(len(result), "a filter's result")
@@ -424,12 +447,13 @@ def _check_binop(budget: _Budget, operator: str, left: Any, right: Any) -> None:
         budget.size(max(int(w) for w in _WIDTH.findall(left)), "a format width")
 
 
-def _check_call(budget: _Budget, function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """A string method asked for a width, a count or a format past the bound."""
+def _check_call(budget: _Budget, function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """A string method asked for a width, a count, a format, a replace or a join past the
+    bound; the arguments to call it with (a join's items made a list first, to be measured)."""
     method = getattr(function, "__wrapped__", function)  # the sandbox's wrapper of str.format
     owner = getattr(method, "__self__", None)
     if not isinstance(owner, str):
-        return
+        return args
     for value in (*args, *kwargs.values()):
         if isinstance(value, int) and not isinstance(value, bool):
             budget.size(abs(value), "a string method's argument")
@@ -438,9 +462,26 @@ def _check_call(budget: _Budget, function: Any, args: tuple[Any, ...], kwargs: d
         budget.size(max(int(w) for w in _WIDTH.findall(owner)), "a format width")
     elif name == "replace" and len(args) >= 2:
         _check_replace(budget, owner, args[0], args[1])
-    elif name == "join" and args and isinstance(args[0], (list, tuple)):
-        items = args[0]
-        budget.size(sum(len(str(i)) for i in items) + len(owner) * len(items), "a join")
+    elif name == "join" and args:
+        items = args[0] if isinstance(args[0], (str, list, tuple)) else _bounded_list(budget, args[0])
+        _check_join(budget, items, owner)
+        return (items, *args[1:])
+    return args
+
+
+def _bounded_list(budget: _Budget, items: Iterable[Any]) -> list[Any]:
+    """The items to be joined, taken one by one while their texts fit the bound."""
+    out, size = [], 0
+    for item in items:
+        size += len(str(item))
+        budget.size(size, "a join")
+        out.append(item)
+    return out
+
+
+def _check_join(budget: _Budget, items: Any, separator: Any) -> None:
+    if isinstance(items, (list, tuple)):
+        budget.size(sum(len(str(i)) for i in items) + len(str(separator)) * len(items), "a join")
 
 
 def _check_replace(budget: _Budget, text: Any, old: Any, new: Any) -> None:
