@@ -18,6 +18,7 @@ window never reads the vocabulary. `tokenizers` is imported only then too.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -305,9 +306,19 @@ def _supported(model: Gguf) -> PreTokenizer:
 
 def _overlapping(texts: list[str]) -> bool:
     """Whether two of the texts could overlap in a text (an end of one begins another), where
-    matching them leftmost-longest and llama.cpp's longest-first would differ."""
-    starts = {t[:k] for t in texts for k in range(1, len(t))}
-    return any(t[k:] in starts for t in texts for k in range(1, len(t)))
+    matching them leftmost-longest and llama.cpp's longest-first would differ. Only the ends
+    that begin with some text's first character are looked up, in the sorted texts."""
+    ordered = sorted(set(texts))
+    firsts = {t[0] for t in ordered if t}
+    for text in ordered:
+        for k in range(1, len(text)):
+            if text[k] not in firsts:
+                continue
+            end = text[k:]
+            at = bisect_left(ordered, end)
+            if at < len(ordered) and ordered[at].startswith(end) and ordered[at] != end:
+                return True
+    return False
 
 
 def _partition(texts: list[str]) -> Callable[[str], tuple[list[str], int]]:
