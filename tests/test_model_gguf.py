@@ -136,7 +136,8 @@ def test_arrays_of_every_type_and_nested(tmp_path: Path) -> None:
     model = read_gguf(write_gguf(tmp_path / "types.gguf", metadata))
     assert model.metadata["a.u8"] == 7 and model.metadata["a.u64"] == 2**40
     assert model.metadata["a.flags"] == (True, False)
-    assert model.metadata["a.nested"] == ((1, 2), ("x",))
+    assert isinstance(model.metadata["a.nested"], Array)  # arrays of arrays stay in the file until asked for
+    assert model.array("a.nested") == ((1, 2), ("x",))
     assert model.context_length == 131072
 
 
@@ -275,3 +276,19 @@ def test_damage_to_a_real_layout_is_read_or_refused(data: st.DataObject) -> None
             model.vocabulary()
         except ConfigError as exc:
             assert "\n" not in str(exc)
+
+
+def test_what_the_first_read_keeps_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gguf, "MAX_KEPT", 100)
+    metadata = {f"a.list{i}": array(I32, list(range(40))) for i in range(5)}
+    model = read_gguf(write_gguf(tmp_path / "many.gguf", metadata))
+    kept = [key for key, value in model.metadata.items() if isinstance(value, tuple)]
+    assert kept == ["a.list0", "a.list1"]  # 80 items kept; the rest left in the file
+    assert model.array("a.list4") == tuple(range(40))
+
+
+def test_nested_arrays_are_bounded_when_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gguf, "MAX_ITEMS", 50)
+    path = write_gguf(tmp_path / "nested.gguf", {"a.nested": array(ARRAY, [(I32, list(range(30)))] * 3)})
+    with pytest.raises(ConfigError, match="more than the 50 array items ctx reads"):
+        read_gguf(path).array("a.nested")

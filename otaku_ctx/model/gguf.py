@@ -35,6 +35,7 @@ MAX_ITEMS = 1 << 24  # elements of one array
 MAX_PAIRS = 1 << 16  # key/value pairs
 MAX_DEPTH = 3  # arrays of arrays of ...
 SMALL_ARRAY = 4096  # longer arrays are walked past and read only when asked (`Gguf.array`)
+MAX_KEPT = 1 << 16  # array items the first read keeps in all; past it, arrays too are left in the file
 READ_AHEAD = MiB
 
 # GGUF's value types: the scalars' struct formats (little-endian), then string and array.
@@ -309,6 +310,7 @@ class _Reader:
         self.base = start  # the file offset of buf[0]
         self.buf = bytearray()
         self.pos = 0  # in buf
+        self.kept = 0  # array items held in memory: bounded, as nested arrays could multiply them
         self.token_starts: list[int] = []  # where each string of tokenizer.ggml.tokens begins, in buf
         if start:
             handle.seek(start)
@@ -420,7 +422,8 @@ class _Reader:
                 raise self.fail(key, f"holds an array of unknown type {item_type}; the file is damaged")
             if count > MAX_ITEMS:
                 raise self.fail(key, f"holds an array of {count:,} items, more than ctx reads ({MAX_ITEMS:,})")
-            if count > SMALL_ARRAY and depth == 0:
+            lazy = count > SMALL_ARRAY or item_type == ARRAY or self.kept + count > MAX_KEPT
+            if lazy and depth == 0:
                 offset = self.base + self.pos
                 self.items(key, item_type, count, depth + 1, keep=False)
                 return Array(item_type, count, offset)
@@ -429,6 +432,10 @@ class _Reader:
 
     def items(self, key: str, item_type: int, count: int, depth: int, keep: bool) -> tuple[object, ...] | None:
         """`count` elements of `item_type`: a tuple of them, or (keep=False) only walked past."""
+        if keep:
+            self.kept += count
+            if self.kept > MAX_ITEMS:
+                raise self.fail(key, f"holds more than the {MAX_ITEMS:,} array items ctx reads; the file is damaged")
         if item_type in SCALARS:
             fmt = SCALARS[item_type]
             width = struct.calcsize(fmt)
