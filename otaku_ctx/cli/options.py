@@ -105,7 +105,7 @@ _shared(
     str | None,
     "prompt.format",
     metavar="NAME|FILE",
-    help="Prompt format: a name, a .toml, or a preset .json.",
+    help="Prompt format: a name, a .toml, a preset .json, or a model's template (.jinja, tokenizer_config.json, .gguf)",
 )
 _shared("user", str | None, "prompt.user", metavar="NAME", help="The user's persona name ({{user}}).")
 _shared("char", str | None, "prompt.char", metavar="NAME", help="The character's name ({{char}}).")
