@@ -478,3 +478,19 @@ def test_a_name_that_looks_like_a_macro_is_written_as_it_is(user: str, char: str
     assert text.startswith(f"<{user}|{user}>hi<{char}|{char}>yo<{char}|{char}>"), text
     assert fmt.stop[0] == f"{user}:"
     assert "\ue000" not in text + "".join(fmt.stop)  # the mark that stands for a name's braces never shows
+
+
+def test_the_system_prompt_goes_before_the_whole_last_user_turn() -> None:
+    """Mistral v3: two user messages that merge into the last turn get the system prompt
+    before both, as mistral-common 1.13.1's encode_chat_completion writes it:
+    `<s>[INST] Anna: Hi.[/INST] Ilya: Hello.</s>[INST] You are Ilya.\\n\\nAnna: a\\n\\nAnna: b[/INST]`."""
+    fmt = load_format("mistral-v3", [shipped("formats")])
+    blocks = [
+        Block("system", "You are Ilya."),
+        Block("user", "Anna: Hi."),
+        Block("assistant", "Ilya: Hello."),
+        Block("user", "Anna: a"),
+        Block("user", "Anna: b"),
+    ]
+    expected = "<s>[INST] Anna: Hi.[/INST] Ilya: Hello.</s>[INST] You are Ilya.\n\nAnna: a\n\nAnna: b[/INST]"
+    assert render_text(fmt, blocks).startswith(expected)

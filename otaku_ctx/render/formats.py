@@ -691,7 +691,8 @@ def _aligned(fmt: Format, blocks: list[Block]) -> list[Block]:
 
 def _folded(fmt: Format, blocks: list[Block]) -> list[Block]:
     """System blocks as user blocks. With `system_placement = "last_user"` the leading system
-    blocks go before the text of the last user block instead (Mistral v3 and Tekken) — unless
+    blocks go before the text of the last user turn instead (Mistral v3 and Tekken; the first
+    of the user blocks that merge into that turn) — unless
     the chat opens with an assistant turn: then they stay its opening user turn, so that
     turns still alternate. A system prompt with sequences of its own (`_prompt_sequences`),
     a story string and preformatted text stay as they are."""
@@ -703,6 +704,8 @@ def _folded(fmt: Format, blocks: list[Block]) -> list[Block]:
     users = [i for i, b in enumerate(blocks) if b.role == "user" and i >= lead]
     if fmt.system_placement == "last_user" and lead and not keep and users and users[0] == lead:
         last = users[-1]
+        while fmt.alternate and last - 1 > lead and blocks[last - 1].role == "user" and not blocks[last - 1].kind:
+            last -= 1  # the last user *turn*: the run of user blocks that merges into it
         system = "\n\n".join(b.text for b in blocks[:lead])
         target = blocks[last]
         merged = Block("user", f"{system}\n\n{target.text}", target.open, name=target.name)
