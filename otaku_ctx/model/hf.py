@@ -44,6 +44,14 @@ _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 LLAMA3 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 DIGIT = r"\p{N}"
+# Tekken's (Mistral Nemo): llama.cpp runs its pattern through std::regex on text where each
+# non-ASCII character stands for its class, so a non-ASCII letter is both an upper- and a
+# lower-case one there, as `[^a-z]` and `[^A-Z]` after a letter lookahead say on the real text.
+TEKKEN = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,7 @@ _GPT2 = PreTokenizer((GPT2,))
 _LLAMA3 = PreTokenizer((LLAMA3,), ignore_merges=True)
 _LLAMA3_MERGED = PreTokenizer((LLAMA3,))
 _QWEN2 = PreTokenizer((QWEN2,))
+_TEKKEN = PreTokenizer((TEKKEN,), ignore_merges=True)
 
 # `tokenizer.ggml.pre` -> the pre-tokenizer llama.cpp uses for it. Only those llama.cpp splits
 # with its hand-written splitters (GPT-2, Llama 3, Qwen 2) or, for the digits, with a regex
@@ -81,6 +90,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **dict.fromkeys(
         ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open"), _QWEN2
     ),
+    "tekken": _TEKKEN,
 }
 
 
