@@ -256,7 +256,7 @@ def test_the_byte_alphabet_is_gpt2_s() -> None:
 # -- the pricer's context ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pre", ["smollm", "llama-bpe", "qwen2", "gpt-2", "tekken"])
+@pytest.mark.parametrize("pre", ["smollm", "llama-bpe", "qwen2", "gpt-2", "tekken", "gpt-4o"])
 def test_the_context_of_a_text_counts_what_follows_as_the_whole_text_does(smollm2_gguf: Path, pre: str) -> None:
     """count(text + after) - count(text) == count(end + after) - count(end), end = context(text),
     over joined random texts and followers of every kind (a special token, a part of one, words,

@@ -52,6 +52,12 @@ TEKKEN = (
     r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
     r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# GPT-4o's (Llama 4), the same letters with contractions, and digits three at a time.
+GPT4O = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS + "?"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS + "?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,7 @@ _LLAMA3 = PreTokenizer((LLAMA3,), ignore_merges=True)
 _LLAMA3_MERGED = PreTokenizer((LLAMA3,))
 _QWEN2 = PreTokenizer((QWEN2,))
 _TEKKEN = PreTokenizer((TEKKEN,), ignore_merges=True)
+_GPT4O = PreTokenizer((GPT4O,))
 
 # `tokenizer.ggml.pre` -> the pre-tokenizer llama.cpp uses for it. Only those llama.cpp splits
 # with its hand-written splitters (GPT-2, Llama 3, Qwen 2) or, for the digits, with a regex
@@ -91,6 +98,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
         ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open"), _QWEN2
     ),
     "tekken": _TEKKEN,
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O),
 }
 
 

@@ -3,7 +3,7 @@ added) on SmolLM2-135M-Instruct's GGUF gives the same tokens as `gguf_counter` f
 texts (tests/tokenizer_texts.py: the fixtures' messages, random texts with emoji, CJK, Arabic,
 combining marks, digits, odd spaces, CRLF and lone CRs, control tokens and look-alikes, long
 words). The same vocabulary with other `tokenizer.ggml.pre` names (a copy of the GGUF with that
-one key changed) checks the Llama 3, Qwen 2, GPT-2 and Tekken pre-tokenizers the same way."""
+one key changed) checks the Llama 3, Qwen 2, GPT-2, Tekken and GPT-4o pre-tokenizers the same way."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def test_smollm2_counts_as_llama_server_counts(smollm2: Path, served: list[Token
     assert served[0]("<|im_start|>user\nHi<|im_end|>")[0] == 1  # a control token is parsed: one token
 
 
-@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2", "gpt-2", "tekken"])
+@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2", "gpt-2", "tekken", "gpt-4o"])
 def test_other_pre_tokenizers_count_as_llama_server_counts(
     smollm2: Path, served: list[Tokenize], tmp_path: Path, pre: str
 ) -> None:
