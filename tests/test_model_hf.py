@@ -166,6 +166,13 @@ def test_what_is_not_converted_is_one_line_that_names_it(tmp_path: Path, extra: 
         gguf_counter(write_gguf(tmp_path / "nopre.gguf", metadata))
 
 
+def test_a_bpe_vocabulary_without_merges_is_refused(tmp_path: Path) -> None:
+    metadata = tiny_bpe()
+    del metadata["tokenizer.ggml.merges"]
+    with pytest.raises(ConfigError, match="tokenizer.ggml.merges: is missing"):
+        gguf_counter(write_gguf(tmp_path / "m.gguf", metadata))(" the")
+
+
 def test_a_merge_of_tokens_the_vocabulary_lacks_is_refused(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "m.gguf", tiny_bpe(**{"tokenizer.ggml.merges": ["Ġ t", "q z"]}))
     with pytest.raises(ConfigError, match=r"merge 1 \('q z'\) joins tokens the vocabulary lacks"):

@@ -377,6 +377,8 @@ def gguf_tokenizer_json(model: Gguf, pre: PreTokenizer | None = None) -> dict[st
     if any(char not in vocab for char in _BYTE_CHARS):
         unknown = UNKNOWN_BYTE
         vocab[UNKNOWN_BYTE] = len(tokens)
+    if not vocabulary.merges:  # llama.cpp refuses such a file too ("cannot find tokenizer merges")
+        raise ConfigError(where, "tokenizer.ggml.merges", "is missing: a BPE vocabulary needs its merges")
     merges = _merges(where, vocabulary.merges, vocab)
     added = [
         {
