@@ -166,6 +166,15 @@ def test_what_is_not_converted_is_one_line_that_names_it(tmp_path: Path, extra: 
         gguf_counter(write_gguf(tmp_path / "nopre.gguf", metadata))
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [{"general.name": "Phi-3.5 Mini"}, {"tokenizer.ggml.pre": "jina-v2-es"}, {"general.architecture": "jina-bert-v3"}],
+)
+def test_a_model_whose_special_tokens_llama_cpp_strips_is_refused(tmp_path: Path, extra: dict) -> None:
+    with pytest.raises(ConfigError, match="strips the spaces beside this model's special tokens"):
+        gguf_counter(write_gguf(tmp_path / "m.gguf", tiny_bpe(**extra)))
+
+
 def test_a_bpe_vocabulary_without_merges_is_refused(tmp_path: Path) -> None:
     metadata = tiny_bpe()
     del metadata["tokenizer.ggml.merges"]

@@ -318,8 +318,26 @@ def _supported(model: Gguf) -> PreTokenizer:
     if pre is None:
         message = f"ctx does not count the {name!r} pre-tokenizer itself; use --tokenizer server"
         raise ConfigError(where, "tokenizer.ggml.pre", message)
+    if _strips_spaces(model):
+        message = (
+            "llama.cpp strips the spaces beside this model's special tokens, which ctx does not; use --tokenizer server"
+        )
+        raise ConfigError(where, "general.name", message)
     _require_tokenizers()
     return pre
+
+
+def _strips_spaces(model: Gguf) -> bool:
+    """Whether llama.cpp gives this model's special tokens its strip attributes by name
+    (llama-vocab.cpp, "set attributes by model/tokenizer/architecture name"): Phi-3's strip
+    the spaces after them, a `<mask>` or `[MASK]` the spaces before it."""
+    name = (model.name or "").lower()
+    pre = model.pre or ""
+    return (
+        any(part in name for part in ("phi-3", "phi3", "modern-bert"))
+        or any(part in pre for part in ("jina-v2-de", "jina-v2-es", "jina-v2-code"))
+        or any(part in model.architecture for part in ("nomic-bert-moe", "jina-bert-v3"))
+    )
 
 
 def _overlapping(texts: list[str]) -> bool:
