@@ -19,17 +19,19 @@ API applies its own template around them.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .assemble import Assembly
 from .build import build
 from .config import Settings
 from .errors import UsageError
 from .hbs.blocks import Block
 from .render.formats import Format, render_messages, text_pieces
 from .story.model import Story
-from .tokens import common_length, make_counter
+from .tokens import TokenCounter, common_length, make_counter
 
 Tokens = list[int] | list[str]
 
@@ -78,6 +80,7 @@ class Replay:
     transitions: tuple[Transition, ...]
     policy: str
     tokenizer: str
+    bound: Replay | None = None  # the hindsight optimum over the same turns (`--bound`)
 
     @property
     def compared(self) -> tuple[Turn, ...]:
@@ -93,12 +96,34 @@ class Replay:
         turns = [t for t in self.compared if t.tokens]
         return sum(t.reused / t.tokens for t in turns) / len(turns) if turns else 1.0
 
+    def reprocessed(self) -> int:
+        """Tokens reprocessed over the compared turns: what a backend pays for the replay."""
+        return sum(t.reprocessed for t in self.compared)
+
+    def ratio(self) -> float | None:
+        """The policy's reprocessed tokens ÷ the bound's (1.0 is the optimum); None without a
+        bound, or when the bound reprocesses nothing."""
+        if self.bound is None:
+            return None
+        best = self.bound.reprocessed()
+        return self.reprocessed() / best if best else (1.0 if not self.reprocessed() else None)
+
     def share_unused(self) -> float:
         """Mean over the turns that leave story content out (cases 3–5) of unused / limit."""
         return _mean([t.unused / t.limit for t in self.turns if t.case in (3, 4, 5) and t.limit > 0])
 
     def facts(self) -> dict[str, Any]:
         """Everything a replay says, JSON-ready (`ctx replay --json`)."""
+        facts = self.summary()
+        facts["per_turn"] = [{**vars(t), "reprocessed": t.reprocessed, "unused": t.unused} for t in self.turns]
+        if self.bound is not None:
+            ratio = self.ratio()
+            facts["bound"] = {**self.bound.summary(), "per_turn": [vars(t) for t in self.bound.turns]}
+            facts["ratio"] = round(ratio, 4) if ratio is not None else None
+        return facts
+
+    def summary(self) -> dict[str, Any]:
+        """The replay's figures, without its turns one by one."""
         turns = self.compared
         return {
             "policy": self.policy,
@@ -110,10 +135,10 @@ class Replay:
             "reused_share": round(self.share_reused(), 4),
             "reused": _spread([t.reused for t in turns]),
             "reprocessed": _spread([t.reprocessed for t in turns]),
+            "reprocessed_total": self.reprocessed(),
             "unused_share": round(self.share_unused(), 4),
             "refused": sum(t.case == 6 for t in self.turns),
             "transitions": [vars(t) for t in self.transitions],
-            "per_turn": [{**vars(t), "reprocessed": t.reprocessed, "unused": t.unused} for t in self.turns],
         }
 
 
@@ -202,14 +227,17 @@ def replay(
     first: int | None = None,
     last: int | None = None,
     every: int = 1,
+    bound: bool = False,
 ) -> Replay:
     """Build every turn of `story` with `settings` and measure each prompt against the one
-    before. A turn's prompt is exactly `build(story_at(story, n), settings)`."""
+    before. A turn's prompt is exactly `build(story_at(story, n), settings)`. With `bound`, the
+    hindsight optimum over the same turns too (`Bound`)."""
     from .build import renderer_for
 
     count = make_counter(settings.model.tokenizer)
     renderer = renderer_for(story, settings, emit=emit)  # its format and emit form; no turn changes them
     measure = _Measure(*_tokenizer(count.name), renderer.format, renderer.chat_counted)
+    optimum = Bound(settings, emit, count, measure) if bound else None
     turns: list[Turn] = []
     transitions: list[Transition] = []
     before: Tokens | None = None  # the previous prompt less its open turn
@@ -224,15 +252,191 @@ def replay(
             whole, before_next = measure.forms(built.blocks)
         reused = common_length(before, whole) if before is not None else 0
         prefix = before is not None and reused == len(before) and bool(whole)
-        covered = len(a.summaries) + (a.level if a.history else 0)
         unit = measure.unit
-        turn = Turn(n, a.case, a.tail_target, a.level, covered, len(whole) // unit, a.limit, reused // unit, prefix)
+        turn = Turn(n, a.case, a.tail_target, a.level, _covered(a), len(whole) // unit, a.limit, reused // unit, prefix)
         if turns:
             transitions += _changes(turns[-1], turn)
         turns.append(turn)
         before = before_next
+        if optimum is not None:
+            optimum.add(at, a.limit, None if a.refusal else (turn, whole, before_next or whole))
     policy = settings.context.cache
-    return Replay(tuple(turns), tuple(transitions), policy, count.name)
+    found = optimum.result() if optimum is not None else None
+    return Replay(tuple(turns), tuple(transitions), policy, count.name, found)
+
+
+def _covered(a: Assembly) -> int:
+    return len(a.summaries) + (a.level if a.history else 0)
+
+
+# ── The bound: the hindsight optimum over the seed's candidates ─────────────────────────
+
+Packed = str | bytes  # a prompt's tokens as one string of fixed-width units, compared in C
+
+
+@dataclass
+class _Node:
+    """One candidate prompt of one turn."""
+
+    turn: Turn  # its shape and size (reused and prefix are set on the chosen path)
+    whole: Packed
+    before: Packed  # less its open turn: what the next turn may reuse
+    cost: float = 0.0  # the fewest tokens reprocessed over the turns up to here, ending here
+    back: int = -1  # the node of the turn before on that path
+    reused: int = 0
+    prefix: bool = False
+
+
+class Bound:
+    """The hindsight optimum (`ctx replay --bound`): at every replayed turn, each of the seed's
+    candidate shapes that fits the limit — the candidates the stable policy chooses from —
+    rendered and measured as the replay measures a prompt; then the sequence of choices that
+    reprocesses the fewest tokens over the replay: a shortest path over turns × candidates,
+    a step costing the tokens of the next prompt its previous one (less its open turn) does
+    not begin. No policy that picks among the seed's candidates turn by turn reprocesses
+    fewer. The configured policy's own prompt is a node too, so the bound is never worse
+    than it whatever the candidates' pricing misses. A refused turn has no prompt: the turn
+    after it reprocesses all of its own.
+
+    The turn's prompts are compared all at once: sorted, a pair's common prefix is the least
+    of the common prefixes of the neighbours between them, so a turn costs one comparison a
+    prompt, not one a pair."""
+
+    def __init__(self, settings: Settings, emit: str, count: TokenCounter, measure: _Measure) -> None:
+        self.settings, self.emit, self.count, self.measure = settings, emit, count, measure
+        self.measures: dict[tuple[int, int], _Measure] = {}  # a tokenizer per shape: each mostly repeats itself
+        self.layers: list[list[_Node]] = []  # a turn's nodes; none when the policy refused it
+        self.numbers: list[tuple[int, int]] = []  # each turn's message count and limit
+        self.codes: dict[Any, int] = {}
+
+    def add(self, at: Story, limit: int, chosen: tuple[Turn, Tokens, Tokens] | None) -> None:
+        """Turn `at`'s candidates, and the policy's own choice (None: it refused)."""
+        nodes = [] if chosen is None else self.candidates(at)
+        if chosen is not None:
+            turn, whole, before = chosen
+            packed = self.pack(whole)
+            if not any(node.whole == packed for node in nodes):
+                nodes.append(_Node(replace(turn, reused=0, prefix=False), packed, self.pack(before)))
+        self.extend(nodes, len(at), limit)
+
+    def extend(self, nodes: list[_Node], messages: int, limit: int) -> None:
+        """The next turn's nodes (none: refused), each linked to its cheapest path."""
+        self.link(nodes)
+        self.layers.append(nodes)
+        self.numbers.append((messages, limit))
+
+    def candidates(self, at: Story) -> list[_Node]:
+        from .assemble import classify
+        from .assemble.search import Search
+        from .assemble.stable import Stable
+        from .build import budget_of, choose_lore, policy_of, prepare, shape_of
+        from .render.pricing import TemplatePricer
+
+        # The turn's lore as the build chooses it (a build that must drop entries to fit is
+        # not followed: the policy's own prompt stands in the bound as a node of its own).
+        prepared = prepare(at, self.settings, emit=self.emit)
+        budget = budget_of(at, self.settings, self.count)
+        lore = choose_lore(prepared, self.count, budget.limit)
+        pricer = TemplatePricer(prepared.renderer(lore, budget.reserve, self.count), self.count)
+        shape = shape_of(self.settings)
+        search = Search(at, shape, budget.limit, budget.reserve, pricer)
+        nodes: list[_Node] = []
+        for key, a in Stable(search, policy_of(self.settings).slack).fitting():
+            measure = self.measures.get(key)
+            if measure is None:
+                m = self.measure
+                measure = self.measures[key] = _Measure(*_tokenizer(self.count.name), m.format, m.chat_form)
+            whole, before = measure.forms(pricer.blocks(a))
+            case = classify(a, shape)
+            tokens = len(whole) // measure.unit
+            turn = Turn(len(at), case, a.tail_target, a.level, _covered(a), tokens, a.limit, 0, False)
+            nodes.append(_Node(turn, self.pack(whole), self.pack(before)))
+        return nodes
+
+    def pack(self, tokens: Tokens) -> Packed:
+        """Tokens as one string of fixed-width units: the characters themselves for the
+        estimate's text form, else 4-byte codes (a chat form's role markers coded apart)."""
+        if self.measure.encode is list and not self.measure.chat_form:
+            return "".join(tokens)  # type: ignore[arg-type]
+        codes = self.codes
+        return array("i", (t if isinstance(t, int) else codes.setdefault(t, -1 - len(codes)) for t in tokens)).tobytes()
+
+    def width(self, packed: Packed) -> int:
+        return 1 if isinstance(packed, str) else 4
+
+    def link(self, nodes: list[_Node]) -> None:
+        """Each node's cheapest path from the turns before, through the previous turn's nodes."""
+        if not self.layers:
+            return  # the first turn is measured against nothing: it costs nothing
+        previous = self.layers[-1]
+        if not previous:  # after a refusal, a turn reprocesses all of itself
+            for node in nodes:
+                node.cost = _best(self.layers) + node.turn.tokens
+            return
+        if not nodes:
+            return
+        common = self.commons([p.before for p in previous], [n.whole for n in nodes])
+        unit = self.measure.unit
+        for j, node in enumerate(nodes):
+            width = self.width(node.whole)
+            best_cost, best_i, best_kept = math.inf, -1, 0
+            for i, before in enumerate(previous):
+                kept = common[i][j] // width  # in the tokenizer's units
+                cost = before.cost + node.turn.tokens - kept // unit
+                if cost < best_cost:
+                    best_cost, best_i, best_kept = cost, i, kept
+            node.cost, node.back = best_cost, best_i
+            node.reused = best_kept // unit
+            node.prefix = best_kept * width == len(previous[best_i].before) and bool(node.whole)
+
+    @staticmethod
+    def commons(befores: list[Packed], wholes: list[Packed]) -> list[list[int]]:
+        """common[i][j]: the common prefix of befores[i] and wholes[j], in packed units."""
+        items, split = [*befores, *wholes], len(befores)
+        order = sorted(range(len(items)), key=items.__getitem__)
+        next_to = [common_length(items[x], items[y]) for x, y in zip(order, order[1:], strict=False)]
+        common = [[0] * len(wholes) for _ in befores]
+        for rank, i in enumerate(order):
+            # Walking right from item i in sorted order, its common prefix with each item met is
+            # the least of the neighbours' so far; each pair is met once, from its lower rank.
+            least = len(items[i])
+            for step, other in enumerate(order[rank + 1 :], start=rank):
+                least = min(least, next_to[step])
+                if i < split <= other:
+                    common[i][other - split] = least
+                elif other < split <= i:
+                    common[other][i - split] = least
+        return common
+
+    def result(self) -> Replay:
+        """The cheapest path, as a replay of its own (policy "bound")."""
+        if not self.layers:
+            return Replay((), (), "bound", self.count.name)
+        turns: list[Turn] = []
+        at = _end(self.layers[-1])
+        for layer, (messages, limit) in zip(reversed(self.layers), reversed(self.numbers), strict=True):
+            if not layer:
+                turns.append(Turn(messages, 6, 0, 0, 0, 0, limit, 0, False))  # refused, as the policy's turn was
+                at = -1
+                continue
+            node = layer[at if at >= 0 else _end(layer)]
+            turns.append(replace(node.turn, reused=node.reused, prefix=node.prefix))
+            at = node.back
+        turns.reverse()
+        transitions = [c for old, new in zip(turns, turns[1:], strict=False) for c in _changes(old, new)]
+        return Replay(tuple(turns), tuple(transitions), "bound", self.count.name)
+
+
+def _end(layer: list[_Node]) -> int:
+    return min(range(len(layer)), key=lambda i: layer[i].cost) if layer else -1
+
+
+def _best(layers: list[list[_Node]]) -> float:
+    """The cost so far of the newest turn that had a prompt."""
+    for layer in reversed(layers):
+        if layer:
+            return min(node.cost for node in layer)
+    return 0.0
 
 
 def _changes(old: Turn, new: Turn) -> list[Transition]:
@@ -258,6 +462,17 @@ def report(result: Replay) -> str:
     ]
     if f["refused"]:
         lines.append(f"refused (case 6): {f['refused']} turns")
+    if result.bound is not None:
+        b, ratio = result.bound.summary(), result.ratio()
+        lines += [
+            f"bound (the fewest tokens any choice among the seed's candidates reprocesses): "
+            f"mean {b['reprocessed']['mean']:,.0f}, p95 {b['reprocessed']['p95']:,}, "
+            f"prefix kept in {b['prefix_share']:.1%} of turns, {len(result.bound.transitions)} transitions, "
+            f"{b['unused_share']:.1%} of the limit unused",
+            "reprocessed, this policy ÷ the bound: "
+            + (f"{ratio:.2f}×" if ratio is not None else "— (the bound reprocesses nothing)")
+            + f" ({f['reprocessed_total']:,} ÷ {b['reprocessed_total']:,} tokens)",
+        ]
     lines.append(f"transitions: {len(result.transitions)}")
     names = {"case": "case", "tail_target": "tail target", "level": "level", "covered": "covered scenes"}
     lines += [f"  turn {t.messages}: {names[t.what]} {t.before} → {t.after}" for t in result.transitions]

@@ -80,38 +80,57 @@ def test_exact_is_the_default_policy() -> None:
     assert load_settings().context.cache_slack == Policy().slack == 0.03
 
 
-def test_the_stable_shape_steps_back_only_with_the_slack_free(long_story: Story) -> None:
-    """On a story under window pressure, turn by turn: a move to fewer covered scenes or a
-    lower level leaves the slack free, and the shape changes far less often than the turns."""
+def test_the_stable_shape_steps_back_only_with_the_margin_free(long_story: Story) -> None:
+    """On a story under window pressure whose messages turn short (room opens up), turn by
+    turn: a move to fewer covered scenes or a lower level leaves the margin free — the slack,
+    or room for the next scene's length of messages of the recent size, whichever is more
+    (issue 19) — the window is used again, and the shape changes far less often than the turns."""
+    from dataclasses import replace
+
+    from otaku_ctx.assemble.search import Search
+    from otaku_ctx.assemble.stable import Stable
+
+    short = tuple(
+        replace(m, content=m.content.split(". ")[0] + ".") if m.number > 230 and not m.is_card else m
+        for m in long_story.messages
+    )
+    story = replace(long_story, messages=short)
     shape, window = Shape(), 40_000
-    slack = int(window * STABLE.slack)
     shapes: list[tuple[int, int, int]] = []
     backs = 0
-    for n in range(255, 293):
-        a, counted = assemble_at(story_at(long_story, n), shape, window, STABLE)
+    for n in range(226, 262, 2):
+        at = story_at(story, n)
+        a, counted = assemble_at(at, shape, window, STABLE)
         assert a.refusal is None and counted <= window
         now = (len(a.summaries) + (a.level if a.history else 0), a.level, a.tail_target)
         if shapes and (now[0] < shapes[-1][0] or now[1] < shapes[-1][1]):
             backs += 1
-            assert window - counted >= slack, (n, shapes[-1], now)
+            pricer = TemplatePricer(renderer_for(at, load_settings()), COUNTER)
+            margin = Stable(Search(at, shape, window, 0, pricer), STABLE.slack).margin(n)
+            assert margin >= int(window * STABLE.slack)
+            assert window - counted >= margin, (n, shapes[-1], now)
         shapes.append(now)
     changes = sum(a != b for a, b in zip(shapes, shapes[1:], strict=False))
-    assert backs >= 1  # the window is used again once the seed offers a roomier shape
+    assert backs >= 1  # the window is used again once the seed offers a roomier shape that lasts
     assert changes <= len(shapes) // 5
 
 
 def test_stable_meets_the_cache_targets_under_pressure(long_story: Story) -> None:
     """Issue 11's targets, on the turns of the long fixture spent in cases 3 to 5: the previous
-    prompt a prefix of the next in ≥ 90% of turns, ≥ 80% of tokens reused, ≤ 20% of the limit
-    unused on average."""
+    prompt a prefix of the next in ≥ 90% of turns, ≥ 80% of tokens reused; and issue 19's, no
+    worse than before its hysteresis (91.7% of turns, 92.2% reused, 2,495 tokens reprocessed a
+    turn). Issue 11's ≤ 20% of the limit unused gave way to issue 19 (docs/decisions.md): the
+    steps back to the longer tail that held it there lasted five to seven turns each, and
+    were the flips issue 19 removes; 22.1% is what holding the shorter tail leaves."""
     from otaku_ctx.replay import replay
 
     settings = load_settings(overrides={"model.window": (40_000, "test"), "context.cache": ("stable", "test")})
     result = replay(long_story, settings, first=173)
     assert {t.case for t in result.turns} <= {3, 4, 5}
-    assert result.share_prefix() >= 0.90
-    assert result.share_reused() >= 0.80
-    assert result.share_unused() <= 0.20
+    assert result.share_prefix() >= 0.917  # issue 11: 0.90
+    assert result.share_reused() >= 0.922  # issue 11: 0.80
+    assert result.reprocessed() / len(result.compared) <= 2_495
+    assert result.share_unused() <= 0.23
 
 
 def test_stable_and_exact_differ_where_exact_flips(long_story: Story) -> None:

@@ -38,7 +38,7 @@ STAGES: dict[str, set[str]] = {
     "render": FOUNDATION | {"story", "lore", "assemble", "config", "hbs", "model"},
     "summarize": FOUNDATION | {"story", "config", "backend", "model"},  # asks its model through backend/ only
     "build": FOUNDATION | {"story", "lore", "assemble", "config", "hbs", "render", "backend", "model"},
-    "replay": FOUNDATION | {"story", "config", "hbs", "render", "build", "model"},
+    "replay": FOUNDATION | {"story", "assemble", "config", "hbs", "render", "build", "model"},  # assemble: the bound
     "report": FOUNDATION | {"story", "lore", "assemble", "render", "build", "model"},
     "cli": FOUNDATION
     | {"story", "lore", "assemble", "config", "hbs", "render", "build", "replay", "report", "backend", "summarize"}

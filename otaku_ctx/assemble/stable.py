@@ -4,7 +4,7 @@ holds from turn to turn."""
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import accumulate
@@ -12,7 +12,7 @@ from itertools import accumulate
 from ..story.model import Message, Role
 from .parts import Assembly, Part
 from .search import Rung, Search
-from .sections import covered_chain, covered_ends, ends, head, refs, rungs, tail
+from .sections import covered_chain, covered_ends, ends, head, near_miss, refs, rungs, tail
 from .steps import ChainFound, HeadPriced, Held
 
 # ── The stable policy: a prompt whose prefix holds from turn to turn ────────────────────
@@ -33,14 +33,21 @@ class Stable:
     the scenes that end by then — holding a shape (covered scenes, level) while it is still
     one of the seed's candidates at that turn and its parts still fit the limit.
 
-    - It takes a less degraded shape (one before it in the seed's order: fewer covered scenes,
-      a lower level) only when that shape leaves `slack` of the limit free.
+    A shape taken by choice must leave a margin free (`margin`): room for the next
+    `lookahead` messages — the mean length of the scenes closed so far, the distance between
+    the changes the seed's chains make anyway — of the recent size, and never less than
+    `slack` of the limit; so a shape it takes lasts about a scene (issue 19: with the slack
+    alone, a story of long messages flipped 50 → 100 → 50 at every scene).
+
     - When the shape must change, it moves to the first candidate (in the seed's order) that
-      leaves the slack free; when none does, to the first that fits without stepping back;
+      does not step back (no fewer covered scenes, no lower level) and leaves the margin
+      free: the shape that will last, keeping the recap's start when it can. Else to the
+      first that leaves the margin free; else to the first that fits without stepping back;
       only when none fits at all, to the first that fits.
-    - While the shape holds, it looks for a less degraded one that leaves the slack free only
-      at a checkpoint: a turn where the seed's candidates change, because a scene joins the
-      chain of some tail target. Without this, a shape taken under pressure would stay more
+    - While the shape holds, it takes a less degraded one (before it in the seed's order:
+      fewer covered scenes, a lower level) only at a checkpoint — a turn where the seed's
+      candidates change, because a scene joins the chain of some tail target — and only one
+      that leaves the margin free. Without this, a shape taken under pressure would stay more
       degraded than the window needs until the story's end.
 
     The walk reads nothing but the story: a build of turn N is the N-th turn of a replay,
@@ -54,6 +61,7 @@ class Stable:
         story, shape = self.search.story, self.search.shape
         self.run = covered_chain(story, shape, -len(story) - 1).scenes  # every scene a chain may hold
         self.ends = [s.end for s in self.run]
+        self.lengths = [0, *accumulate(s.end - s.start + 1 for s in self.run)]  # of the first j scenes
         pricer, cards = self.search.pricer, self.search.cards
         self.summaries = [0]
         self.card_costs = [0]
@@ -176,16 +184,38 @@ class Stable:
         return levels[bisect_left(levels, True, key=lambda k: self.cheapest[k] <= room)]
 
     def roomy(self, n: int, stop: Candidate | None = None) -> Candidate | None:
-        """The first candidate of turn n, in the seed's order, that leaves the slack free,
+        """The first candidate of turn n, in the seed's order, that leaves the margin free,
         looking no further than `stop`."""
-        return self.first_fit(n, self.search.limit - self.slack_tokens, stop=stop)
+        return self.first_fit(n, self.search.limit - self.margin(n), stop=stop)
+
+    def margin(self, n: int) -> int:
+        """What a shape must leave free at turn n to be taken by choice (a step back, or a
+        move that does not step back): room for the next `lookahead(n)` messages of the
+        recent size, and never less than the slack."""
+        return max(self.slack_tokens, math.ceil(self.lookahead(n) * self.recent(n)))
+
+    def lookahead(self, n: int) -> float:
+        """How many messages a shape taken by choice should last: the mean length of the
+        scenes closed by turn n, the distance between the changes the seed's chains make
+        anyway (a scene joining them). Read from turn n's story alone, so the walk's choice at
+        turn n is the same in every later build."""
+        closed = bisect_right(self.ends, n)
+        return self.lengths[closed] / closed if closed else 0.0
+
+    def recent(self, n: int) -> float:
+        """The mean price of the story's last ten messages before turn n's end (after the head)."""
+        h = min(self.search.shape.head, n)
+        back = max(h, n - 10)
+        return (self.prefix[n] - self.prefix[back]) / (n - back) if n > back else 0.0
 
     def choose(self, n: int, floor: Candidate | None) -> Candidate | None:
-        """Where the shape moves when it must: the first candidate that leaves the slack free
-        (the only way it steps back to a less degraded one); else the first that fits without
-        stepping back; else, as a last resort, the first that fits at all."""
-        limit = self.search.limit
-        return self.roomy(n) or self.first_fit(n, limit, floor=floor) or self.first_fit(n, limit)
+        """Where the shape moves when it must: the first candidate that does not step back and
+        leaves the margin free (the shape that will last); else the first that leaves the
+        margin free; else the first that fits without stepping back; else, as a last resort,
+        the first that fits at all."""
+        limit, margin = self.search.limit, self.margin(n)
+        kept = self.first_fit(n, limit - margin, floor=floor) if floor is not None else None
+        return kept or self.roomy(n) or self.first_fit(n, limit, floor=floor) or self.first_fit(n, limit)
 
     @property
     def slack_tokens(self) -> int:
@@ -224,6 +254,29 @@ class Stable:
         recap = search.recap_cost(chain.scenes, opening) if chain.scenes else 0
         return Rung(target, chain, opening, ending, base, tail_cost, recap)
 
+    def fitting(self) -> Iterator[tuple[Candidate, Assembly]]:
+        """Every candidate of the last turn that fits the limit, in the seed's order, each
+        confirmed by its emitted count as the search confirms the one it picks: what any
+        policy restricted to the seed's candidates may choose from (`ctx replay --bound`)."""
+        search, n = self.search, len(self.search.story)
+        opening = head(search.story, search.shape)
+        base = self.fixed + self.prefix[len(opening)]
+        within = search.limit + 2 * near_miss(search.limit)  # the walk's prices are close, not exact
+        for m in self.chains(n):
+            levels = [k for k in range(m + 1) if (k == 0 or k in self.histories) and self.estimate((m, k), n) <= within]
+            if not levels:
+                continue
+            rung = self.rung(self.target(m, n), base)
+            if len(rung.chain.scenes) != m:
+                continue
+            pricer = search.pricer
+            for k in levels:
+                history = pricer.recap_part(Part("history", scene=self.run[k - 1])) if k else 0
+                summaries = sum(pricer.recap_part(Part("summary", scene=s)) for s in rung.chain.scenes[k:])
+                found = search.confirm(rung, k if m else None, rung.fixed_cost + history + summaries)
+                if found is not None:
+                    yield (m, k), found
+
     def assemble(self) -> Assembly:
         search, n = self.search, len(self.search.story)
         held, since, changes = self.walk()
@@ -248,7 +301,7 @@ class Stable:
                 recent = self.prefix[n] - self.prefix[max(len(opening), n - 10)]
                 per_turn = max(1, recent // max(1, min(10, n - len(opening)))) if n > len(opening) else 0
                 note = Held(
-                    since, target, k, refs(rung.chain.scenes), changes, self.slack_tokens, room,
+                    since, target, k, refs(rung.chain.scenes), changes, self.margin(n), room,
                     room // per_turn if per_turn else 0,
                 )  # fmt: skip
                 chosen = ChainFound(target, refs(rung.chain.scenes), covered_ends(rung.chain), rung.chain.stop)
