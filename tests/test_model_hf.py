@@ -350,3 +350,38 @@ def test_a_byte_the_vocabulary_lacks_keeps_its_neighbours_apart_and_counts_nothi
     assert counter(" \x1d!") == 2
     assert counter("\x1d") == 0
     assert counter.count_many(["x \x1d! y", " \x1d!"]) == [5, 2]  # x, Ġ, !, Ġ, y: no "Ġy" here
+
+
+def _retyped(tmp_path: Path, *renamed: tuple[str, int]) -> Path:
+    """The tiny model with these (text, type) tokens added."""
+    metadata = tiny_bpe()
+    tokens = [*metadata["tokenizer.ggml.tokens"], *(text for text, _ in renamed)]  # type: ignore[misc]
+    metadata["tokenizer.ggml.tokens"] = tokens
+    metadata["tokenizer.ggml.token_type"] = array(
+        I32, [3, 3, 3] + [1] * (len(tokens) - 3 - len(renamed)) + [k for _, k in renamed]
+    )
+    return write_gguf(tmp_path / "retyped.gguf", metadata)
+
+
+def test_tokens_are_retyped_by_their_text_as_llama_cpp_does(tmp_path: Path) -> None:
+    """The rules tests/realserver checks against llama-server: an end-of-generation text is a
+    control token whatever the file says, gpt-oss's `<|channel|>` a user-defined one, `</s>`
+    an ordinary text beside `<|tool_response>`, a fill-in-the-middle text the file names no id
+    for a control token."""
+    path = _retyped(tmp_path, ("<|eot_id|>", 1), ("<|channel|>", 3), ("</s>", 3), ("<|tool_response>", 1), ("<PRE>", 1))
+    counter = gguf_counter(path)
+    assert counter("a<|eot_id|>b") == counter("a<|channel|>b") == counter("a<PRE>b") == 3
+    assert counter("a</s>b") == 1 + 4 + 1
+    assert {"<|eot_id|>", "<|tool_response>", "<PRE>"} <= set(counter.specials)
+    assert not {"<|channel|>", "</s>"} & set(counter.specials)
+
+
+def test_two_fill_in_the_middle_candidates_are_refused(tmp_path: Path) -> None:
+    """llama.cpp takes the first of them its hash map holds: no telling which."""
+    with pytest.raises(ConfigError, match="llama.cpp picks one of <fim_prefix>, <PRE> by its hash order"):
+        gguf_counter(_retyped(tmp_path, ("<fim_prefix>", 1), ("<PRE>", 3)))(" the")
+    metadata = tiny_bpe(**{"tokenizer.ggml.fim_pre_token_id": 1})  # the file names it: no guessing
+    tokens = [*metadata["tokenizer.ggml.tokens"], "<fim_prefix>", "<PRE>"]  # type: ignore[misc]
+    metadata["tokenizer.ggml.tokens"] = tokens
+    metadata["tokenizer.ggml.token_type"] = array(I32, [3, 3, 3] + [1] * (len(tokens) - 3))
+    assert gguf_counter(write_gguf(tmp_path / "named.gguf", metadata))("<PRE>") > 1

@@ -26,10 +26,10 @@ from typing import Any
 
 from ..errors import ConfigError, OtakuError
 from ..tokens import TokenCounter
-from .gguf import CONTROL, UNKNOWN, USER_DEFINED, Gguf, read_gguf
+from .gguf import CONTROL, NORMAL, UNKNOWN, USER_DEFINED, Gguf, read_gguf
 
 INSTALL = "pip install 'otaku-ctx[model]'"
-CONVERTER = 2  # the conversion's own version, part of the cache's key: bump it when the output changes
+CONVERTER = 3  # the conversion's own version, part of the cache's key: bump it when the output changes
 TOKENIZER_JSON_BOUND = 256 << 20  # bytes; Gemma's 256k vocabulary is ~35 MB
 BATCH = 64  # texts encoded in one call of `encode_batch_fast`
 
@@ -384,9 +384,9 @@ def gguf_tokenizer_json(model: Gguf, pre: PreTokenizer | None = None) -> dict[st
     pre = _supported(model) if pre is None else pre
     vocabulary = model.vocabulary()
     where = str(model.path)
-    types = vocabulary.token_types or (1,) * len(vocabulary.tokens)
     tokens = [text or f"[EMPTY_{i}]" for i, text in enumerate(vocabulary.tokens)]  # llama.cpp's name for ""
     vocab = {text: i for i, text in enumerate(tokens)}  # a text twice: the last id, as llama.cpp's map keeps
+    types = llama_cpp_types(model, vocab, list(vocabulary.token_types or (NORMAL,) * len(tokens)))
     # A byte the vocabulary has no token for stays between its neighbours in llama.cpp (they
     # never merge across it) and then counts as nothing; `tokenizers` would drop it before
     # merging, joining them. It is kept as an unknown token of an id past the vocabulary's,
@@ -437,6 +437,70 @@ def gguf_tokenizer_json(model: Gguf, pre: PreTokenizer | None = None) -> dict[st
             "merges": merges,
         },
     }
+
+
+# llama.cpp changes some tokens' types by their text when it loads a vocabulary
+# (llama-vocab.cpp, load, "special tokens"): which of them it then cuts out of a text changes.
+_EOG = (
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[",
+)  # fmt: skip
+# A fill-in-the-middle token the file names no id for: the first of these texts llama.cpp finds.
+_FIM: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    (("fim_pre_token_id", "prefix_token_id"), (
+        "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>", "\u2581<PRE>",
+        "<|code_prefix|>", "<|prefix|>")),
+    (("fim_suf_token_id", "suffix_token_id"), (
+        "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>", "<SUF>", "\u2581<SUF>",
+        "<|code_suffix|>", "<|suffix|>")),
+    (("fim_mid_token_id", "middle_token_id"), (
+        "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>", "<MID>", "\u2581<MID>",
+        "<|code_middle|>", "<|middle|>")),
+    (("fim_pad_token_id",), ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")),
+    (("fim_rep_token_id",), ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")),
+    (("fim_sep_token_id",), ("<|file_sep|>",)),
+)  # fmt: skip
+_ALWAYS_SHOWN = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss: user-defined
+
+
+def llama_cpp_types(model: Gguf, vocab: dict[str, int], types: list[int]) -> list[int]:
+    """The token types llama.cpp works with: the file's, with the changes llama.cpp makes by a
+    token's text (an end-of-generation or fill-in-the-middle text becomes a control token;
+    gpt-oss's channel tokens and, beside `<|return|>` and `<|call|>`, `<|end|>` user-defined;
+    `</s>` ordinary beside `<|tool_response>`). Where llama.cpp's choice depends on the order
+    of its hash map (two candidates for one fill-in-the-middle token, not both control), refused."""
+    types = list(types)
+
+    def control(text: str) -> None:
+        if text in vocab and types[vocab[text]] != CONTROL:
+            types[vocab[text]] = CONTROL
+
+    for keys, texts in _FIM:
+        said = [model.metadata.get(f"tokenizer.ggml.{key}") for key in keys]
+        if any(isinstance(i, int) and 0 <= i < len(types) for i in said):
+            continue
+        found = [text for text in texts if text in vocab]
+        if len(found) > 1 and any(types[vocab[text]] != CONTROL for text in found):
+            message = f"llama.cpp picks one of {', '.join(found)} by its hash order; use --tokenizer server"
+            raise ConfigError(str(model.path), "tokenizer.ggml.token_type", message)
+        for text in found:
+            control(text)
+    for text in _EOG:
+        control(text)
+    for text in _ALWAYS_SHOWN:
+        if text in vocab:
+            types[vocab[text]] = USER_DEFINED
+    has = set(vocab)
+    if "<|end|>" in has and (
+        ("<|return|>" in has and ("<|call|>" in has or "<|calls|>" in has))
+        or (("<|call|>" in has or "<|calls|>" in has) and "<|flush|>" in has)
+    ):
+        types[vocab["<|end|>"]] = USER_DEFINED
+    if "</s>" in has and ("<|tool_response>" in has or model.eos_text == "<|plamo:eos|>"):
+        types[vocab["</s>"]] = NORMAL
+    return types
 
 
 def _merges(where: str, merges: tuple[str, ...], vocab: dict[str, int]) -> list[list[str]]:

@@ -106,3 +106,27 @@ def test_other_pre_tokenizers_count_as_llama_server_counts(
     smollm = gguf_counter(smollm2)
     changed = sum(count != smollm(text) for text, count in zip(all_texts(), counts, strict=True))
     assert changed > 100  # the server did split this vocabulary another way
+
+
+def test_tokens_llama_cpp_retypes_by_their_text(smollm2: Path, served: list[Tokenize], tmp_path: Path) -> None:
+    """llama.cpp makes an end-of-generation or fill-in-the-middle text a control token whatever
+    the file says, gpt-oss's `<|channel|>` user-defined, and `</s>` ordinary beside
+    `<|tool_response>`: a copy of SmolLM2's GGUF with such texts in place of tokens no merge
+    uses (the digits) counts as the server counts it."""
+    vocabulary = read_gguf(smollm2).vocabulary()
+    tokens, types = list(vocabulary.tokens), list(vocabulary.token_types)
+    used = {part for merge in vocabulary.merges for part in (*merge.split(" ", 1), merge.replace(" ", "", 1))}
+    free = [i for i, text in enumerate(tokens) if text not in used and types[i] == 1]
+    renamed = [("<|eot_id|>", 1), ("<|channel|>", 3), ("</s>", 3), ("<|tool_response>", 1), ("<fim_prefix>", 1)]
+    renamed += [("<unk-ish>", 2), ("<user_tok>", 4)]
+    for i, (text, kind) in zip(free, renamed, strict=False):
+        tokens[i], types[i] = text, kind
+    copy = variant(
+        smollm2, tmp_path / "retyped.gguf", {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types}
+    )
+    served.append(Tokenize(copy, tmp_path / "server.log"))
+    counter = gguf_counter(copy)
+    texts = [f"a{text}b" for text, _ in renamed] + ["all " + "".join(text for text, _ in renamed) + " end"]
+    assert [counter(text) for text in texts] == [len(served[0](text)) for text in texts]
+    assert counter("a<|eot_id|>b") == 3 and counter("a</s>b") > 3  # a control token; an ordinary text
+    assert "<|eot_id|>" in counter.specials and "<|channel|>" not in counter.specials
