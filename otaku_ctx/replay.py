@@ -31,7 +31,7 @@ from .errors import UsageError
 from .hbs.blocks import Block
 from .render.formats import Format, render_messages, text_pieces
 from .story.model import Story
-from .tokens import TokenCounter, common_length, make_counter
+from .tokens import TokenCounter, common_length
 
 Tokens = list[int] | list[str]
 
@@ -182,15 +182,27 @@ def turn_numbers(total: int, first: int | None, last: int | None, every: int) ->
     return numbers
 
 
-def _tokenizer(name: str) -> tuple[Callable[[str], Tokens], int]:
+def _tokenizer(count: TokenCounter) -> tuple[Callable[[str], Tokens], int]:
     """Text to tokens, and how many of them make one token of the count: cl100k_base's ids (1),
-    or for the estimate (4 characters a token) the text's characters (4), so that a prefix
-    is a prefix wherever it ends."""
-    if name == "cl100k_base":
+    a model's own ids (1: a counter of a GGUF or tokenizer.json gives them, `ids`), or for the
+    estimate (4 characters a token) the text's characters (4), so that a prefix is a prefix
+    wherever it ends. A counter that gives no ids (a server's, Mistral's) cannot be replayed:
+    its prefix is not known token by token."""
+    if count.name == "cl100k_base":
         from .tokens import PrefixEncoder
 
         return PrefixEncoder(), 1
-    return list, 4
+    if count.name == "estimate":
+        return list, 4
+    ids = getattr(count, "ids", None)
+    if callable(ids):
+        return ids, 1
+    raise UsageError(
+        "--tokenizer",
+        None,
+        f"ctx replay compares prompts token by token, and {count.name} gives counts, not tokens;"
+        " replay with the model's GGUF or tokenizer.json, or with cl100k_base",
+    )
 
 
 @dataclass
@@ -232,11 +244,11 @@ def replay(
     """Build every turn of `story` with `settings` and measure each prompt against the one
     before. A turn's prompt is exactly `build(story_at(story, n), settings)`. With `bound`, the
     hindsight optimum over the same turns too (`Bound`)."""
-    from .build import renderer_for
+    from .build import counter_for, renderer_for
 
-    count = make_counter(settings.model.tokenizer)
+    count = counter_for(settings)
     renderer = renderer_for(story, settings, emit=emit)  # its format and emit form; no turn changes them
-    measure = _Measure(*_tokenizer(count.name), renderer.format, renderer.chat_counted)
+    measure = _Measure(*_tokenizer(count), renderer.format, renderer.chat_counted)
     optimum = Bound(settings, emit, count, measure) if bound else None
     turns: list[Turn] = []
     transitions: list[Transition] = []
@@ -345,7 +357,7 @@ class Bound:
             measure = self.measures.get(key)
             if measure is None:
                 m = self.measure
-                measure = self.measures[key] = _Measure(*_tokenizer(self.count.name), m.format, m.chat_form)
+                measure = self.measures[key] = _Measure(*_tokenizer(self.count), m.format, m.chat_form)
             whole, before = measure.forms(pricer.blocks(a))
             case = classify(a, shape)
             tokens = len(whole) // measure.unit
