@@ -242,3 +242,14 @@ def test_a_model_that_cannot_load_is_one_line(capsys, tmp_path: Path) -> None:
     assert code == 1 and out == "" and err.count("\n") == 1 and "broken.gguf" in err
     code, out, err = run(capsys, "build", EXAMPLE, "--tokenizer", "server")
     assert code != 0 and out == "" and "--server" in err and err.count("\n") == 1
+
+
+def test_replay_compares_the_models_own_ids(capsys, tmp_path: Path) -> None:
+    gguf = tiny_model(tmp_path)
+    code, out, err = run(capsys, "replay", EXAMPLE, "--use", gguf, "--last", "40", "--json")
+    assert code == 0, err
+    facts = json.loads(out)
+    assert facts["tokenizer"].startswith("gguf tiny.gguf") and facts["prefix_share"] > 0.5
+    mistral = next((Path(__file__).parent / "fixtures" / "mistral").glob("*.model.v3"))
+    code, out, err = run(capsys, "replay", EXAMPLE, "--tokenizer", mistral, "--json")  # counts, no ids
+    assert code == 2 and out == "" and err.count("\n") == 1 and "token by token" in err

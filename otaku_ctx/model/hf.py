@@ -193,6 +193,14 @@ class ModelCounter(TokenCounter):
             counts.append(specials + sum(length(ids) for ids in _batch(loaded.tokenizer, plain)))
         return counts
 
+    def ids(self, text: str) -> list[int]:
+        """The model's token ids for `text` (what `ctx replay` compares prompt by prompt). Where
+        special tokens overlap, `tokenizers`' own partition stands in for llama.cpp's: the ids
+        may differ there, never the count."""
+        loaded = self.loaded()
+        ids = _batch(loaded.tokenizer, [text])[0]
+        return [i for i in ids if i != loaded.unknown] if loaded.unknown is not None else list(ids)
+
     def count_many(self, texts: Iterable[str]) -> list[int]:
         """The counts of `texts`, those not counted before encoded together in batches."""
         texts = list(texts)
