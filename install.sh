@@ -4,6 +4,7 @@
 #   sh install.sh                 # venv in ~/.otaku/venv, link in ~/.local/bin
 #   PYTHON=python3.12 sh install.sh
 #   CTX_BIN_DIR=/usr/local/bin sh install.sh
+#   CTX_EXTRAS=model sh install.sh  # also what --use needs: tokenizers, jinja2, sentencepiece
 #
 # Packages come from PyPI; nothing else is downloaded, then or at run time.
 set -eu
@@ -13,6 +14,9 @@ home=${OTAKU_HOME:-$HOME/.otaku}
 venv="$home/venv"
 bindir=${CTX_BIN_DIR:-$HOME/.local/bin}
 python=${PYTHON:-python3}
+extras=${CTX_EXTRAS:-}
+target=$here
+[ -z "$extras" ] || target="$here[$extras]"
 
 if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
     echo "install.sh: ctx needs Python 3.11 or newer; set PYTHON=/path/to/python3.11" >&2
@@ -21,7 +25,7 @@ fi
 
 echo "installing ctx into $venv" >&2
 "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --use-pep517 "$here"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --use-pep517 "$target"
 mkdir -p "$bindir"
 ln -sf "$venv/bin/ctx" "$bindir/ctx"
 
