@@ -19,6 +19,7 @@ from typing import Any
 
 from otaku_ctx.hbs.blocks import Block
 from otaku_ctx.locations import shipped
+from otaku_ctx.model.mistral import TEKKEN_SPECIALS
 from otaku_ctx.render.formats import load_format, text_pieces
 from otaku_ctx.render.specials import broken_up
 
@@ -120,18 +121,11 @@ def as_v7(tekken: Path, out: Path) -> Path:
     data = json.loads(tekken.read_text(encoding="utf-8"))
     data["config"]["version"] = "v7"
     total = data["config"]["default_num_special_tokens"]
-    named = list(TEKKEN_V7_SPECIALS) + [f"<SPECIAL_{i}>" for i in range(len(TEKKEN_V7_SPECIALS), total)]
+    # listed as mistral-common's default specials are, in rank order (ctx's own copy of them)
+    named = list(TEKKEN_SPECIALS) + [f"<SPECIAL_{i}>" for i in range(len(TEKKEN_SPECIALS), total)]
     data["special_tokens"] = [{"rank": i, "token_str": s, "is_control": True} for i, s in enumerate(named)]
     out.write_text(json.dumps(data), encoding="utf-8")
     return out
-
-
-TEKKEN_V7_SPECIALS = (
-    "<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
-    "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]",
-    "[IMG_END]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
-    "[TOOL_CONTENT]",
-)  # fmt: skip
 
 
 def reference(python: str, tokenizer: Path, chats: list[list[dict[str, str]]], texts: list[str]) -> dict[str, Any]:

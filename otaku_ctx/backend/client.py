@@ -221,13 +221,8 @@ class Backend:
     # the window probes --------------------------------------------------------------------------
 
     def _vllm_window(self) -> int | None:
-        data = self._probe("GET", f"{self.base}/models")
-        models = data.get("data") if data is not None else None
-        if not isinstance(models, list):
-            return None
-        sized = [m for m in models if isinstance(m, dict) and _integer(m.get("max_model_len"))]
-        mine = [m for m in sized if m.get("id") == self.model] or (sized if len(sized) == 1 else [])
-        return _integer(mine[0]["max_model_len"]) if mine else None
+        found = self._vllm_server()
+        return found.window if found is not None else None
 
     def _llama_window(self) -> int | None:
         data = self._probe("GET", f"{self.root}/props")
