@@ -145,7 +145,7 @@ def read_gguf(path: Path) -> Gguf:
         for _ in range(pairs):
             key = reader.key()
             if key in metadata:
-                raise ConfigError(str(path), key, "appears twice; the file is damaged")
+                raise reader.fail(key, "appears twice; the file is damaged")
             metadata[key] = reader.value(key)
         digest = hashlib.sha256(reader.consumed())
         digest.update(size.to_bytes(8, "little"))
@@ -316,6 +316,10 @@ class _Reader:
             handle.seek(start)
 
     def fail(self, key: str | None, message: str) -> ConfigError:
+        """The error for `key`, a name read from the file: shown as it is only when it is a
+        short printable name, else quoted and cut (a damaged file's "key" may be any bytes)."""
+        if key is not None and not (key.isprintable() and len(key) <= 100):
+            key = repr(key[:60]) + ("…" if len(key) > 60 else "")
         return ConfigError(str(self.path), key, message)
 
     def need(self, n: int, key: str | None = None) -> None:
