@@ -22,6 +22,7 @@ from test_properties import chained_stories, run, shapes
 from otaku_ctx.assemble import Shape
 from otaku_ctx.errors import ConfigError, TemplateError
 from otaku_ctx.hbs.blocks import Block
+from otaku_ctx.model import INSTALL
 from otaku_ctx.render import jinja
 from otaku_ctx.render.formats import bind, jinja_format, load_format, render_text, text_pieces
 from otaku_ctx.render.jinja import Limits, render_chat
@@ -284,7 +285,7 @@ def test_without_jinja2_a_template_is_one_line_naming_the_extra(monkeypatch: pyt
         with pytest.raises(ConfigError) as caught:
             jinja_format("{{ messages }}", bos="", eos="", name="model.gguf (tokenizer.chat_template)")
         assert str(caught.value) == (
-            "model.gguf (tokenizer.chat_template): a Jinja chat template needs jinja2: pip install 'otaku-ctx[model]'"
+            f"model.gguf (tokenizer.chat_template): a Jinja chat template needs jinja2: {INSTALL}"
         )
     finally:
         jinja._environment.cache_clear()

@@ -2,3 +2,6 @@
 Mistral's own tokenizer files, or its server's tokenize endpoint), its chat template and its
 window. Each counter here is a `tokens.TokenCounter` that counts a text as the model's
 server parses it."""
+
+# What a user without the `model` extra is told to run, wherever a model's file needs it.
+INSTALL = "pip install 'otaku-ctx[model]' (with install.sh: CTX_EXTRAS=model sh install.sh)"

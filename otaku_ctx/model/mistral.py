@@ -46,11 +46,11 @@ from ..errors import ConfigError, OtakuError
 from ..files import read_input, write_atomic
 from ..locations import model_cache
 from ..tokens import TokenCounter
+from . import INSTALL
 
 MiB = 1 << 20
 MAX_FILE = 64 * MiB  # a Tekken file is 15-19 MiB, a SentencePiece model half of one
 BOS, EOS = "<s>", "</s>"
-PIP_SENTENCEPIECE = "pip install 'otaku-ctx[model]' (or: pip install sentencepiece)"
 
 # mistral-common's special tokens of a Tekken file that lists none (versions up to v7),
 # in rank order; the ranks after them up to `default_num_special_tokens` are `<SPECIAL_n>`.
@@ -321,7 +321,7 @@ def _sentencepiece(path: Path) -> Tokenizer:
     try:
         import sentencepiece
     except ImportError:
-        raise ConfigError(source, None, f"a SentencePiece tokenizer needs sentencepiece: {PIP_SENTENCEPIECE}") from None
+        raise ConfigError(source, None, f"a SentencePiece tokenizer needs sentencepiece: {INSTALL}") from None
     model = read_input(path, "tokenizer file", bound=MAX_FILE)
     try:
         processor = sentencepiece.SentencePieceProcessor(model_proto=without_dummy_prefix(model))

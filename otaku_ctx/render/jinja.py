@@ -49,10 +49,10 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import ConfigError, TemplateError
+from ..model import INSTALL
 
 # transformers' own tag: a template that splits or inspects the final message sees the same text.
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
-INSTALL = "pip install 'otaku-ctx[model]'"
 _WIDTH = re.compile(r"\d{7,}")
 _MARKER = re.compile(r"\s*(<[^<>\s]+>|\[[^\[\]\s]+\])")  # a width or precision of a million or more in a format string
 
