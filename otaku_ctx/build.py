@@ -23,6 +23,7 @@ from .render.formats import Format, bind
 from .render.lookup import find_format, load_template
 from .render.names import Names, ResolvedNames, resolve_names
 from .render.pricing import TemplatePricer
+from .render.specials import broken_up
 from .render.templates import PromptTemplate
 from .render.variables import OPEN_MARK, Variables
 from .story.detect import read_story
@@ -146,6 +147,8 @@ class Prepared:
     template: PromptTemplate
     format: Format
     emit: str
+    # the template and format as read, before `bind` (bound again for a model, its names broken up)
+    unbound: tuple[PromptTemplate, Format] | None = None
 
     def renderer(
         self, lore: LoreChoice | None = None, reserve: int = 0, count: TokenCounter | None = None
@@ -157,10 +160,23 @@ class Prepared:
         p, m = self.settings.prompt, self.settings.model
         variables = Variables(self.story, self.names.names, p, lore or LoreChoice.empty())
         bound = bound_for_window(m.window, self.story.longest_text)
-        renderer = PromptRenderer(
-            variables, self.template, self.format, self.emit, reserve, bound, m.name, m.max_stop_strings
-        )
+        template, fmt = self.template, self.format
+        if count is not None and count.parses_specials:
+            template, fmt = self._for_model(count.specials)
+        renderer = PromptRenderer(variables, template, fmt, self.emit, reserve, bound, m.name, m.max_stop_strings)
         return renderer.for_model(count) if count is not None and count.parses_specials else renderer
+
+    def _for_model(self, specials: tuple[str, ...]) -> tuple[PromptTemplate, Format]:
+        """The template and format bound to names that spell none of the model's control tokens
+        (a text prompt's format writes the names into its own sequences)."""
+        if not specials or self.unbound is None or self.emit not in ("text", "openai-completion"):
+            return self.template, self.format
+        n, (read, found) = self.names.names, self.unbound
+        user, char = (broken_up(name, specials) for name in (n.user, n.char))
+        if (user, char) == (n.user, n.char):
+            return self.template, self.format
+        fmt = bind(found, user, char, self.format.group)
+        return read.for_format(fmt), fmt
 
 
 def prepare(story: Story, settings: Settings, *, emit: str = "text") -> Prepared:
@@ -178,7 +194,7 @@ def prepare(story: Story, settings: Settings, *, emit: str = "text") -> Prepared
     n = names.names
     characters = {n.speaker_as(role, name) for role, name in story.speakers if role == "assistant"}
     format = bind(found, n.user, n.char, group=len(characters) > 1)
-    return Prepared(story, settings, names, template.for_format(format), format, emit)
+    return Prepared(story, settings, names, template.for_format(format), format, emit, (template, found))
 
 
 def native_text(story: Story) -> str:
@@ -394,7 +410,14 @@ def _controls(renderer: PromptRenderer, assembly: Assembly, count: TokenCounter)
     from .render.specials import spelled
 
     blocks = replace(renderer, specials=()).blocks(assembly)
-    return tuple(spelled("\n".join(b.text for b in blocks), count.specials))
+    names = prepared_names(renderer)
+    return tuple(spelled("\n".join([*(b.text for b in blocks), *(b.name for b in blocks), *names]), count.specials))
+
+
+def prepared_names(renderer: PromptRenderer) -> tuple[str, str]:
+    """`{{user}}` and `{{char}}` as the renderer's variables know them."""
+    n = renderer.variables.names
+    return n.user, n.char
 
 
 # --- the model ------------------------------------------------------------------------------

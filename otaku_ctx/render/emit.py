@@ -62,7 +62,9 @@ class PromptRenderer:
         blocks = self.template.render(variables, self.bound)
         out = [replace(b, text=b.text.replace(OPEN_MARK, "")) if OPEN_MARK in b.text else b for b in blocks]
         if self.specials and self.text_form:
-            out = [replace(b, text=broken_up(b.text, self.specials)) for b in out]
+            out = [
+                replace(b, text=broken_up(b.text, self.specials), name=broken_up(b.name, self.specials)) for b in out
+            ]
         if out and OPEN_MARK in blocks[-1].text and out[-1].role == "assistant":
             out[-1] = replace(out[-1], open=True)
         return out
