@@ -69,8 +69,9 @@ class TokenCounter:
         # A model's counter (model/) counts a text as the model's server parses it: a control
         # token spelled in it (`<|im_end|>`, `[INST]`) is the one token it is. `specials` are
         # those control tokens, which story text must not spell in a text prompt (the renderer
-        # breaks them up); `bos` is the model's BOS text and `added` the tokens the server
-        # adds to a whole prompt (its BOS, where the model adds one). cl100k_base and the
+        # breaks them up); `bos` is the BOS text the server adds itself ("" where it adds
+        # none), which a text prompt then does not spell, and `added` the tokens the server
+        # adds to a whole prompt (its BOS, an EOS). cl100k_base and the
         # estimate know no model: none of these.
         self.specials = specials
         self.bos = bos

@@ -67,7 +67,7 @@ def test_smollm2_counts_as_llama_cpp_counts(smollm2_gguf: Path) -> None:
 def test_smollm2_s_model_facts(smollm2_gguf: Path) -> None:
     counter = gguf_counter(smollm2_gguf)
     assert counter.name == "gguf SmolLM2-135M-Instruct.gguf (BPE, 49,152 tokens)"
-    assert (counter.bos, counter.added) == ("<|im_start|>", 0)
+    assert (counter.bos, counter.added) == ("", 0)  # SmolLM2 adds no BOS: the server leaves none to strip
     assert counter.specials[:3] == ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
     assert len(counter.specials) == 17 and "<|im_" not in counter.specials
     assert counter("<|im_start|>user\nHi<|im_end|>") == 1 + 1 + 1 + 1 + 1  # user, \n, Hi around the two
@@ -99,14 +99,16 @@ def test_special_tokens_that_overlap_are_cut_as_llama_cpp_cuts_them(tmp_path: Pa
     assert counter.count_many(["<x|y>>>>", "y>>>><x|y"]) == [4, 2]
 
 
-def test_user_defined_tokens_are_matched_but_are_not_control_tokens(tmp_path: Path) -> None:
+def test_user_defined_tokens_are_matched_and_markup_ones_are_broken_up(tmp_path: Path) -> None:
+    """llama.cpp matches a user-defined token in any text: one that looks like markup
+    (`<tool>`) could open a turn, so story text must not spell it; one of plain text must."""
     metadata = tiny_bpe()
-    tokens = [*metadata["tokenizer.ggml.tokens"], "<tool>"]  # type: ignore[misc]
+    tokens = [*metadata["tokenizer.ggml.tokens"], "<tool>", "hello"]  # type: ignore[misc]
     metadata["tokenizer.ggml.tokens"] = tokens
-    metadata["tokenizer.ggml.token_type"] = array(I32, [3, 3, 3] + [1] * (len(tokens) - 4) + [4])
+    metadata["tokenizer.ggml.token_type"] = array(I32, [3, 3, 3] + [1] * (len(tokens) - 5) + [4, 4])
     counter = gguf_counter(write_gguf(tmp_path / "user.gguf", metadata))
-    assert counter("<tool>") == 1
-    assert "<tool>" not in counter.specials
+    assert counter("<tool>") == counter("hello") == 1
+    assert "<tool>" in counter.specials and "hello" not in counter.specials
 
 
 def test_the_conversion_is_cached_by_identity_and_a_damaged_cache_is_redone(tmp_path: Path) -> None:
@@ -330,7 +332,7 @@ def test_a_lone_surrogate_counts_as_a_replacement_character(tmp_path: Path) -> N
 
 
 def test_what_is_set_on_a_counter_is_kept(tmp_path: Path) -> None:
-    counter = gguf_counter(write_gguf(tmp_path / "tiny.gguf", tiny_bpe()))
+    counter = gguf_counter(write_gguf(tmp_path / "tiny.gguf", tiny_bpe(**{"tokenizer.ggml.add_bos_token": True})))
     assert counter.bos == "<|im_start|>"
     counter.bos, counter.added, counter.specials = "", 1, ("<|im_end|>",)
     assert (counter.bos, counter.added, counter.specials) == ("", 1, ("<|im_end|>",))
@@ -373,7 +375,8 @@ def test_tokens_are_retyped_by_their_text_as_llama_cpp_does(tmp_path: Path) -> N
     assert counter("a<|eot_id|>b") == counter("a<|channel|>b") == counter("a<PRE>b") == 3
     assert counter("a</s>b") == 1 + 4 + 1
     assert {"<|eot_id|>", "<|tool_response>", "<PRE>"} <= set(counter.specials)
-    assert not {"<|channel|>", "</s>"} & set(counter.specials)
+    assert "<|channel|>" in counter.specials  # user-defined, and markup: broken up in story text
+    assert "</s>" not in counter.specials
 
 
 def test_two_fill_in_the_middle_candidates_are_refused(tmp_path: Path) -> None:

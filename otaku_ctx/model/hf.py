@@ -18,6 +18,7 @@ window never reads the vocabulary. `tokenizers` is imported only then too.
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -215,6 +216,17 @@ class ModelCounter(TokenCounter):
         return self._cache.get(text) is not None
 
 
+_MARKUP = re.compile(r"<[^<>\s]+>|\[[^\[\]\s]+\]")  # <think>, <|start|>, [TOOL_CALLS]: a token's own markup
+
+
+def controls(added: Iterable[Any]) -> tuple[str, ...]:
+    """The texts story text must not spell: the special added tokens, and the user-defined
+    (non-special) ones that look like markup (`<think>`, `<tool_call>`, gpt-oss's
+    `<|channel|>`), which llama.cpp and `tokenizers` match in any text just the same. A
+    user-defined token of plain text (a run of spaces, a word) is left alone."""
+    return tuple(dict.fromkeys(t.content for t in added if t.content and (t.special or _MARKUP.fullmatch(t.content))))
+
+
 def _batch(tokenizer: Any, texts: list[str]) -> list[Any]:
     if not texts:
         return []
@@ -242,10 +254,11 @@ def gguf_counter(path: Path, model: Gguf | None = None) -> ModelCounter:
         tokenizer = _cached_tokenizer(model, pre)
         decoder = tokenizer.get_added_tokens_decoder()
         matched = [t.content for _, t in sorted(decoder.items())]
-        specials = tuple(dict.fromkeys(t.content for _, t in sorted(decoder.items()) if t.special and t.content))
+        specials = controls(t for _, t in sorted(decoder.items()))
         split = _partition(matched) if _overlapping(matched) else None
         unknown = tokenizer.token_to_id(UNKNOWN_BYTE)
-        return Loaded(tokenizer, specials, model.bos_text, added, split, tuple(matched), unknown)
+        bos = model.bos_text if model.add_bos else ""  # only a BOS the server adds is left to it
+        return Loaded(tokenizer, specials, bos, added, split, tuple(matched), unknown)
 
     return ModelCounter(label, load, context=True)
 
@@ -624,7 +637,7 @@ def tokenizer_json_counter(path: Path) -> ModelCounter:
         except Exception as exc:
             raise ConfigError(str(file), None, f"does not load as a tokenizer: {_first_line(exc)}") from None
         decoder = tokenizer.get_added_tokens_decoder()
-        specials = tuple(dict.fromkeys(t.content for _, t in sorted(decoder.items()) if t.special and t.content))
+        specials = controls(t for _, t in sorted(decoder.items()))
         added = len(tokenizer.encode("", add_special_tokens=True).ids)
         return Loaded(tokenizer, specials, _bos_text(file.parent, tokenizer), added)
 

@@ -45,7 +45,7 @@ class PromptRenderer:
 
     def for_model(self, count: Any) -> PromptRenderer:
         """This renderer for the model `count` (a model's `TokenCounter`) counts for."""
-        server_bos = count.bos if count.added and count.bos else ""
+        server_bos = count.bos if count.added else ""  # `bos`: the BOS the server adds itself
         return replace(self, specials=tuple(count.specials), server_bos=server_bos, chat_as_text=True)
 
     @property
