@@ -31,7 +31,9 @@ class ServerCounter(TokenCounter):
     def __init__(self, backend: Backend, store: CountStore, name: str, specials: tuple[str, ...], bos: str) -> None:
         self.backend = backend
         self.store = store
-        super().__init__(name, self._one, specials=specials, bos=bos, added=self._added())
+        added = self._added()
+        # `bos`: the BOS the server adds itself, so a text prompt does not spell it too; none when it adds none
+        super().__init__(name, self._one, specials=specials, bos=bos if added else "", added=added)
 
     def _added(self) -> int:
         key = meta_key("added")
