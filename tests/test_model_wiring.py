@@ -267,3 +267,18 @@ def test_a_name_that_spells_a_control_token_is_broken_up_too(fmt: str) -> None:
     assert built.prompt is not None
     assert evil not in built.prompt and f"<{JOINER}|im_start|>system" in built.prompt
     assert "<|im_start|>" in built.controls
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json"])
+def test_a_model_folder_of_deep_json_is_one_line(capsys, tmp_path: Path, name: str) -> None:
+    folder = model_folder(tmp_path)
+    (folder / name).write_text("[" * 100_000 + "]" * 100_000)
+    code, out, err = run(capsys, "build", EXAMPLE, "--use", folder)
+    assert code == 1 and out == "" and err.count("\n") == 1 and name in err
+
+
+def test_a_model_folder_without_a_chat_template_leaves_the_format(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
+    s = with_model(load_settings(None, {"model.use": (str(folder), "--use")}))
+    assert s.prompt.format == load_settings(None).prompt.format and s.model.window == 32768

@@ -630,6 +630,8 @@ def tokenizer_json_counter(path: Path) -> ModelCounter:
             raise ConfigError(
                 str(file), None, f"is not valid JSON (line {exc.lineno}); is it a tokenizer.json?"
             ) from None
+        except RecursionError:
+            raise ConfigError(str(file), None, "nests too deep to be a tokenizer.json") from None
         if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
             raise ConfigError(str(file), None, "is not a Hugging Face tokenizer.json (it has no model)")
         try:
@@ -659,7 +661,7 @@ def _bos_text(folder: Path, tokenizer: Any) -> str:
     if config.is_file():
         try:
             bos = json.loads(_text(config)).get("bos_token")
-        except (OtakuError, ValueError, AttributeError):
+        except (OtakuError, ValueError, AttributeError, RecursionError):
             bos = None
         if isinstance(bos, dict):
             bos = bos.get("content")

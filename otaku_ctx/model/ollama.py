@@ -112,7 +112,7 @@ def _blob(name: str, root: Path, manifest: Path) -> Path:
     data = read_input(manifest, "model manifest", MANIFEST_BOUND)
     try:
         parsed = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise InputError(manifest, "not an Ollama manifest (not JSON); pull the model again (ollama pull)") from None
     layers = parsed.get("layers") if isinstance(parsed, dict) else None
     if not isinstance(layers, list):

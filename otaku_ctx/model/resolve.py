@@ -53,10 +53,11 @@ class ModelFiles:
 
             return str(self.gguf) if read_gguf(self.gguf).chat_template else None
         assert self.folder is not None
-        for name in ("tokenizer_config.json", "chat_template.jinja"):
-            if (self.folder / name).is_file():
-                return str(self.folder / name)
-        return None
+        config = self.folder / "tokenizer_config.json"
+        if config.is_file() and "chat_template" in _json_object(config, "tokenizer config"):
+            return str(config)
+        jinja = self.folder / "chat_template.jinja"
+        return str(config if config.is_file() else jinja) if jinja.is_file() else None
 
     @property
     def window(self) -> int | None:
@@ -70,12 +71,17 @@ class ModelFiles:
         config = self.folder / "config.json"
         if not config.is_file():
             return None
-        try:
-            data = json.loads(read_input(config, "model config", _CONFIG_BOUND))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ConfigError(str(config), None, "not valid JSON; fix the file or set --window") from None
-        value = data.get("max_position_embeddings") if isinstance(data, dict) else None
+        value = _json_object(config, "model config").get("max_position_embeddings")
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _json_object(path: Path, kind: str) -> dict[str, object]:
+    """A model folder's small JSON file (config.json, tokenizer_config.json), read bounded."""
+    try:
+        data = json.loads(read_input(path, kind, _CONFIG_BOUND))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise ConfigError(str(path), None, "not valid JSON; fix the file, or name the part yourself") from None
+    return data if isinstance(data, dict) else {}
 
 
 def locate(use: str) -> ModelFiles:
