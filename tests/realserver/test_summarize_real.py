@@ -103,7 +103,11 @@ def test_a_chat_refused_before_builds_after_and_survives_sigint(real_server: Rea
     spans = planned(story, args, home)
     assert len(spans) >= 3
 
-    code, _, finished = stopped_mid_run(story, args, home, lambda p: p.send_signal(signal.SIGINT))
+    for _ in range(3):  # on a loaded machine the run may finish every scene before the signal lands
+        code, _, finished = stopped_mid_run(story, args, home, lambda p: p.send_signal(signal.SIGINT))
+        if code != 0 or len(finished) < len(spans):
+            break
+        sidecar_for(story).unlink()
     assert code == 130
     assert finished and all(r.summary.strip() for r in finished)
     finishes_the_rest(story, args, home, real_server.log, spans, finished)
