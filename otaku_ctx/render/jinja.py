@@ -53,8 +53,8 @@ from ..model import INSTALL
 
 # transformers' own tag: a template that splits or inspects the final message sees the same text.
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
-_WIDTH = re.compile(r"\d{7,}")
-_MARKER = re.compile(r"\s*(<[^<>\s]+>|\[[^\[\]\s]+\])")  # a width or precision of a million or more in a format string
+_WIDTH = re.compile(r"\d{7,}")  # a width or precision of a million or more in a format string
+_MARKER = re.compile(r"\s*(<[^<>\s]+>|\[[^\[\]\s]+\])")
 
 
 @dataclass(frozen=True)
@@ -443,8 +443,11 @@ def _check_binop(budget: _Budget, operator: str, left: Any, right: Any) -> None:
             budget.size((left.bit_length() + right.bit_length()) // 8, "a product")
     elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
         budget.size(left.bit_length() * max(right, 0) // 8, "a power")
-    elif operator == "%" and isinstance(left, str) and _WIDTH.search(left):
-        budget.size(max(int(w) for w in _WIDTH.findall(left)), "a format width")
+    elif operator == "%" and isinstance(left, str):
+        if _WIDTH.search(left):
+            budget.size(max(int(w) for w in _WIDTH.findall(left)), "a format width")
+        for value in _ints(right):  # a width taken from the arguments: '%*d' % (n, 1)
+            budget.size(abs(value), "a format width")
 
 
 def _check_call(budget: _Budget, function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -454,9 +457,8 @@ def _check_call(budget: _Budget, function: Any, args: tuple[Any, ...], kwargs: d
     owner = getattr(method, "__self__", None)
     if not isinstance(owner, str):
         return args
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, int) and not isinstance(value, bool):
-            budget.size(abs(value), "a string method's argument")
+    for value in _ints((*args, *kwargs.values())):  # also inside a list or dict: '{:{w[0]}}'.format(x, w=[n])
+        budget.size(abs(value), "a string method's argument")
     name = getattr(method, "__name__", "")
     if name in ("format", "format_map") and _WIDTH.search(owner):
         budget.size(max(int(w) for w in _WIDTH.findall(owner)), "a format width")
@@ -467,6 +469,19 @@ def _check_call(budget: _Budget, function: Any, args: tuple[Any, ...], kwargs: d
         _check_join(budget, items, owner)
         return (items, *args[1:])
     return args
+
+
+def _ints(value: Any, depth: int = 3) -> Iterator[int]:
+    """The whole numbers in a value and in the lists, tuples and dicts it holds, a few levels
+    down and a few thousand items at most: what a format string could take a width from."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        yield value
+    elif depth and isinstance(value, (list, tuple, dict)):
+        items = value.values() if isinstance(value, dict) else value
+        for n, item in enumerate(items):
+            if n == 4096:
+                break
+            yield from _ints(item, depth - 1)
 
 
 def _bounded_list(budget: _Budget, items: Iterable[Any]) -> list[Any]:
