@@ -292,3 +292,22 @@ def test_nested_arrays_are_bounded_when_read(tmp_path: Path, monkeypatch: pytest
     path = write_gguf(tmp_path / "nested.gguf", {"a.nested": array(ARRAY, [(I32, list(range(30)))] * 3)})
     with pytest.raises(ConfigError, match="more than the 50 array items ctx reads"):
         read_gguf(path).array("a.nested")
+
+
+def test_a_file_replaced_after_it_was_read_is_not_read_as_the_same(tmp_path: Path) -> None:
+    """The vocabulary is read when asked: from the very file the metadata came from, not a
+    file of the same size put in its place (its tokens would be cached under the old identity)."""
+    metadata = tiny_bpe()
+    tokens = [*metadata["tokenizer.ggml.tokens"], *(f"t{i}" for i in range(70_000))]  # type: ignore[misc]
+    metadata["tokenizer.ggml.tokens"] = tokens  # more than a first read keeps: read again when asked
+    metadata["tokenizer.ggml.token_type"] = array(I32, [3, 3, 3] + [1] * (len(tokens) - 3))
+    path = write_gguf(tmp_path / "m.gguf", metadata)
+    model = read_gguf(path)
+    data = bytearray(path.read_bytes())
+    at = data.index(b"<|im_end|>")
+    data[at : at + 10] = b"<|im_xnd|>"
+    replaced = tmp_path / "new.gguf"
+    replaced.write_bytes(bytes(data))
+    os.replace(replaced, path)  # another inode, the same size
+    with pytest.raises(ConfigError, match="changed while it was read"):
+        model.vocabulary()

@@ -19,7 +19,7 @@ import os
 import stat
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -100,6 +100,9 @@ class Gguf:
     add_eos: bool
     identity: str  # the metadata's digest and the file's size: the key of what is derived from it
     metadata: dict[str, object] = field(repr=False, compare=False)
+    # the file as it was read (inode, size, modification time): an array read later must come
+    # from the same file, or a replaced one's vocabulary would be taken under this identity
+    stamp: tuple[int, int, int] = field(default=(0, 0, 0), repr=False, compare=False)
 
     def array(self, key: str) -> tuple[object, ...]:
         """The whole array under `key` (empty if the file has none), read from the file now."""
@@ -110,8 +113,9 @@ class Gguf:
             if isinstance(found, tuple):
                 return found
             raise ConfigError(str(self.path), key, f"is a {type(found).__name__}, not an array")
-        with _open(self.path) as (handle, size):
-            if size != self.size:
+        opened = _open(self.path)
+        with opened as (handle, size):
+            if size != self.size or opened.stamp != self.stamp:
                 raise ConfigError(str(self.path), None, "changed while it was read; run ctx again")
             reader = _Reader(self.path, handle, size, start=found.offset)
             return reader.items(key, found.item_type, found.count, 1, keep=True)  # type: ignore[return-value]
@@ -138,7 +142,8 @@ class Gguf:
 def read_gguf(path: Path) -> Gguf:
     """The metadata of the GGUF file at `path` (its vocabulary left in the file)."""
     path = Path(path)
-    with _open(path) as (handle, size):
+    opened = _open(path)
+    with opened as (handle, size):
         reader = _Reader(path, handle, size)
         version, pairs = reader.header()
         metadata: dict[str, object] = {}
@@ -149,7 +154,8 @@ def read_gguf(path: Path) -> Gguf:
             metadata[key] = reader.value(key)
         digest = hashlib.sha256(reader.consumed())
         digest.update(size.to_bytes(8, "little"))
-        return _described(path, version, size, metadata, digest.hexdigest(), reader.token)
+        found = _described(path, version, size, metadata, digest.hexdigest(), reader.token)
+        return replace(found, stamp=opened.stamp)
 
 
 # -- what the metadata says -------------------------------------------------------------------
@@ -261,6 +267,7 @@ class _open:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.handle: BinaryIO | None = None
+        self.stamp = (0, 0, 0)  # (inode, size, mtime in ns) of what was opened
 
     def __enter__(self) -> tuple[BinaryIO, int]:
         where = str(self.path)
@@ -280,6 +287,7 @@ class _open:
         if not stat.S_ISREG(info.st_mode):  # what was opened, should the path have changed since
             self.handle.close()
             raise ConfigError(where, None, f"is {_what(info.st_mode)}, not a GGUF model file")
+        self.stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
         return self.handle, info.st_size
 
     def __exit__(self, *_: object) -> None:
@@ -492,10 +500,12 @@ class _Reader:
             self.pos = pos
         if key == TOKENS and not self.token_starts:
             self.token_starts = starts
-        if not keep:
-            return None
-        raw = bytes(self.buf)
+        if not keep or not starts:
+            return None if not keep else ()
+        view = memoryview(self.buf)  # no copy of the buffer for each array (it may be 512 MiB)
         try:
-            return tuple(raw[a + 8 : a + 8 + _U64.unpack_from(raw, a)[0]].decode("utf-8") for a in starts)
+            return tuple(str(view[a + 8 : a + 8 + _U64.unpack_from(view, a)[0]], "utf-8") for a in starts)
         except UnicodeDecodeError:
             raise self.fail(key, "holds text that is not UTF-8; the file is damaged") from None
+        finally:
+            view.release()
