@@ -271,7 +271,8 @@ def replay(
         turns.append(turn)
         before = before_next
         if optimum is not None:
-            optimum.add(at, a.limit, None if a.refusal else (turn, whole, before_next or whole))
+            rest = whole if before_next is None else before_next  # an empty rest is a rest
+            optimum.add(at, a.limit, None if a.refusal else (turn, whole, rest))
     policy = settings.context.cache
     found = optimum.result() if optimum is not None else None
     return Replay(tuple(turns), tuple(transitions), policy, count.name, found)
