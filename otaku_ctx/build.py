@@ -429,7 +429,15 @@ def counter_for(settings: Settings) -> TokenCounter:
     from .model.resolve import counter
 
     m = settings.model
-    return counter(m.tokenizer, m.server or settings.summarize.url, m.name or settings.summarize.model)
+    made = counter(m.tokenizer, m.server or settings.summarize.url, m.name or settings.summarize.model)
+    if m.tokenizer == "server" and m.use:
+        # a server names few control tokens (llama.cpp its BOS and EOS, the others none): the
+        # model's own file names them all, for the text prompt to break up
+        from .model.resolve import locate
+
+        own = counter(locate(m.use).tokenizer).specials
+        made.specials = tuple(dict.fromkeys((*made.specials, *own)))
+    return made
 
 
 def with_model(settings: Settings) -> Settings:

@@ -282,3 +282,18 @@ def test_a_model_folder_without_a_chat_template_leaves_the_format(tmp_path: Path
     (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
     s = with_model(load_settings(None, {"model.use": (str(folder), "--use")}))
     assert s.prompt.format == load_settings(None).prompt.format and s.model.window == 32768
+
+
+def test_the_server_counter_takes_the_models_control_tokens_from_its_file(tmp_path: Path, monkeypatch) -> None:
+    """`--use FILE --tokenizer server`: counted by the server, broken up by every control token
+    the model's file names (a server names few of them, or none)."""
+    from otaku_ctx import build as build_module
+    from otaku_ctx.model import resolve
+
+    gguf = tiny_model(tmp_path)
+    monkeypatch.setattr(resolve, "server_counter", lambda server, model="": TokenCounter("server stand-in", len))
+    flags = {"model.use": (str(gguf), "--use"), "model.tokenizer": ("server", "--tokenizer")}
+    flags["model.server"] = ("http://127.0.0.1:9", "--server")
+    flags["model.window"] = (4096, "--window")
+    made = build_module.counter_for(with_model(load_settings(None, flags)))
+    assert {"<|im_start|>", "<|im_end|>"} <= set(made.specials)
