@@ -139,9 +139,30 @@ class Gguf:
         return Vocabulary(tokens, types[:n], merges, tuple(float(s) for s in scores[:n]))  # type: ignore[arg-type]
 
 
+_READ: dict[tuple[str, tuple[int, int, int]], Gguf] = {}  # the last few files read, by path and stamp
+
+
 def read_gguf(path: Path) -> Gguf:
-    """The metadata of the GGUF file at `path` (its vocabulary left in the file)."""
+    """The metadata of the GGUF file at `path` (its vocabulary left in the file). A run asks
+    for it several times (the window, the template, the counter): a file unchanged since it
+    was read (the same inode, size and modification time) is not read again."""
     path = Path(path)
+    try:
+        info = os.stat(path)
+        key = (str(path), (info.st_ino, info.st_size, info.st_mtime_ns))
+    except OSError:
+        return _read_gguf(path)  # let the reader say what is wrong
+    found = _READ.get(key)
+    if found is None:
+        found = _read_gguf(path)
+        if found.stamp == key[1]:
+            if len(_READ) >= 4:
+                _READ.pop(next(iter(_READ)))
+            _READ[key] = found
+    return found
+
+
+def _read_gguf(path: Path) -> Gguf:
     opened = _open(path)
     with opened as (handle, size):
         reader = _Reader(path, handle, size)
