@@ -210,7 +210,7 @@ def count_cl100k(text: str) -> int:
     try:
         return len(core.encode_ordinary(text))
     except UnicodeEncodeError:  # a lone surrogate: counted as U+FFFD, as tiktoken.Encoding does
-        return len(core.encode_ordinary(_without_surrogates(text)))
+        return len(core.encode_ordinary(without_surrogates(text)))
 
 
 LOOK_BEHIND = 64  # characters of a text kept before what follows it (`cl100k_context`)
@@ -284,7 +284,8 @@ def _may_hold_a_long_run(text: str) -> bool:
     return False
 
 
-def _without_surrogates(text: str) -> str:
+def without_surrogates(text: str) -> str:
+    """`text` with each lone surrogate (no UTF-8 holds one) as U+FFFD, as a prompt's UTF-8 carries it."""
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
@@ -308,7 +309,7 @@ def _pieces() -> Any:
 
 
 def _count_by_pieces(core: Any, text: str) -> int:
-    text = _without_surrogates(text) if not _encodable(text) else text
+    text = without_surrogates(text) if not _encodable(text) else text
     known: dict[str, int] = {}
     total = 0
     for piece in _pieces().findall(text):
@@ -488,7 +489,7 @@ class PrefixEncoder:
             ids = kept + self._core.encode_ordinary(text[at:])
         except UnicodeEncodeError:  # a lone surrogate: counted as U+FFFD, as tiktoken.Encoding does
             self._text, self._ids, self._ends = "", [], []
-            return list(self._core.encode_ordinary(_without_surrogates(text)))
+            return list(self._core.encode_ordinary(without_surrogates(text)))
         self._text, self._ids = text, ids
         self._ends = list(accumulate(map(self._size, ids)))
         return list(ids)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, OtakuError
-from ..tokens import TokenCounter
+from ..tokens import TokenCounter, without_surrogates
 from . import INSTALL
 from .gguf import CONTROL, NORMAL, UNKNOWN, USER_DEFINED, Gguf, read_gguf
 
@@ -235,11 +235,7 @@ def _batch(tokenizer: Any, texts: list[str]) -> list[Any]:
             return [tokenizer.encode(texts[0], add_special_tokens=False).ids]
         return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
     except TypeError:  # a lone surrogate, which no UTF-8 text holds: counted as U+FFFD, as cl100k_base does
-        return _batch(tokenizer, [_without_surrogates(text) for text in texts])
-
-
-def _without_surrogates(text: str) -> str:
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return _batch(tokenizer, [without_surrogates(text) for text in texts])
 
 
 def gguf_counter(path: Path, model: Gguf | None = None) -> ModelCounter:

@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency, but ctx runs w
 from ..errors import ConfigError, OtakuError
 from ..files import read_input, write_atomic
 from ..locations import model_cache
-from ..tokens import TokenCounter
+from ..tokens import TokenCounter, without_surrogates
 from . import INSTALL
 
 MiB = 1 << 20
@@ -162,11 +162,6 @@ def _the_file(path: Path) -> Path:
 def _version_number(path: Path) -> int:
     found = _SPM_VERSION.search(path.name)
     return int(found.group(1)[1:]) if found else 0
-
-
-def _without_surrogates(text: str) -> str:
-    """A lone surrogate (not UTF-8) as U+FFFD, as tiktoken's own encoder reads it."""
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 # --- Tekken ---------------------------------------------------------------------------------
@@ -298,7 +293,7 @@ def _tekken_count(core: Any) -> Callable[[str], int]:
         try:
             return len(core.encode_ordinary(text))
         except UnicodeEncodeError:
-            return len(core.encode_ordinary(_without_surrogates(text)))
+            return len(core.encode_ordinary(without_surrogates(text)))
 
     return count
 
@@ -340,7 +335,7 @@ def _spm_count(processor: Any) -> Callable[[str], int]:
         try:
             return len(processor.encode(text))
         except (UnicodeEncodeError, TypeError, RuntimeError):
-            return len(processor.encode(_without_surrogates(text)))
+            return len(processor.encode(without_surrogates(text)))
 
     return count
 
