@@ -47,6 +47,7 @@ from ..files import read_input, write_atomic
 from ..locations import model_cache
 from ..tokens import TokenCounter, without_surrogates
 from . import INSTALL
+from .controls import control_pattern
 
 MiB = 1 << 20
 MAX_FILE = 64 * MiB  # a Tekken file is 15-19 MiB, a SentencePiece model half of one
@@ -98,11 +99,11 @@ def load(path: Path) -> Tokenizer:
 def split_at_controls(text: str, controls: tuple[str, ...]) -> list[str]:
     """`text` cut at the control tokens it spells: plain stretches at the even places, the
     control tokens at the odd ones (the longest control token wins where two start)."""
-    return _control_pattern(controls).split(text)
+    return control_pattern(controls).split(text)
 
 
 def _counting(tokenizer: Tokenizer) -> Callable[[str], int]:
-    pattern = _control_pattern(tokenizer.controls)
+    pattern = control_pattern(tokenizer.controls)
     plain = tokenizer.count_plain
 
     def count(text: str) -> int:
@@ -110,37 +111,6 @@ def _counting(tokenizer: Tokenizer) -> Callable[[str], int]:
         return sum(plain(piece) for piece in pieces[::2] if piece) + len(pieces) // 2
 
     return count
-
-
-_patterns: dict[tuple[str, ...], re.Pattern[str]] = {}
-
-
-def _control_pattern(controls: tuple[str, ...]) -> re.Pattern[str]:
-    """One capturing group matching any control token, the longest where two start alike.
-    The alternatives are a trie (`<SPECIAL_` written once for its thousand endings): a plain
-    alternation of 1,000 tokens takes 0.1 s to compile and is tried branch by branch."""
-    found = _patterns.get(controls)
-    if found is None:
-        found = _patterns[controls] = re.compile(f"({_trie(controls)})" if controls else "(?!)")
-    return found
-
-
-def _trie(words: tuple[str, ...]) -> str:
-    root: dict[str, Any] = {}
-    for word in words:
-        node = root
-        for character in word:
-            node = node.setdefault(character, {})
-        node[""] = {}  # a word ends here
-
-    def pattern(node: dict[str, Any]) -> str:
-        branches = [re.escape(character) + pattern(child) for character, child in sorted(node.items()) if character]
-        if not branches:
-            return ""
-        body = branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})"
-        return f"(?:{body})?" if "" in node else body  # the longer words first, then this one
-
-    return pattern(root)
 
 
 def _the_file(path: Path) -> Path:

@@ -15,13 +15,16 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
+from ..model.controls import control_pattern
+
 JOINER = "\u2060"
 
 
 @lru_cache(maxsize=8)
 def _finder(specials: tuple[str, ...]) -> re.Pattern[str] | None:
-    usable = sorted({s for s in specials if len(s) > 1 and JOINER not in s}, key=len, reverse=True)
-    return re.compile("|".join(map(re.escape, usable))) if usable else None
+    """The control tokens a split can break: two characters or more, none holding the joiner."""
+    usable = tuple(s for s in specials if len(s) > 1 and JOINER not in s)
+    return control_pattern(usable) if usable else None
 
 
 def spelled(text: str, specials: Sequence[str]) -> list[str]:
