@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from otaku_ctx.build import build
 from otaku_ctx.config import load_settings
 from otaku_ctx.lore import Character, ChatLine, LoreRules, choose
-from otaku_ctx.lore.keys import Plain, plain_at
 from otaku_ctx.lore.scan import Book, Item, Kind, Scan, Timed, Where
 from otaku_ctx.render.names import Names
 from otaku_ctx.story.convert import to_native_text
@@ -43,14 +42,7 @@ class Naive(Scan):
         return [it for it in self.book.items if id(it) not in skip]
 
     def where(self, mid: int, depth: int, recursion: bool) -> Where | None:
-        m = self.book.keys.matchers[mid]
-        text, lowered, starts, origins = self.joined(depth, recursion)
-        if isinstance(m, Plain):
-            found = plain_at(text if m.sensitive else lowered, m.needle, m.whole)
-            at = found if found >= 0 else None
-        else:
-            at = self.book.clock.search(m, text)
-        return None if at is None else self.origin(at, starts, origins)
+        return self.in_text(self.book.keys.matchers[mid], depth, recursion)
 
 
 def entries_strategy() -> st.SearchStrategy[list[LoreEntry]]:

@@ -546,6 +546,10 @@ class Scan:
             return None
         if isinstance(m, Pattern) and m.key in self.book.clock.timeouts:
             return None  # out of time for this build: no match, without building the text
+        return self.in_text(m, depth, recursion)
+
+    def in_text(self, m: Matcher, depth: int, recursion: bool) -> Where | None:
+        """Where matcher `m` first matches the whole joined scan text (`joined`), or None."""
         text, lowered, starts, origins = self.joined(depth, recursion)
         if isinstance(m, Plain):
             found = plain_at(text if m.sensitive else lowered, m.needle, m.whole)
