@@ -410,14 +410,9 @@ def _controls(renderer: PromptRenderer, assembly: Assembly, count: TokenCounter)
     from .render.specials import spelled
 
     blocks = replace(renderer, specials=()).blocks(assembly)
-    names = prepared_names(renderer)
-    return tuple(spelled("\n".join([*(b.text for b in blocks), *(b.name for b in blocks), *names]), count.specials))
-
-
-def prepared_names(renderer: PromptRenderer) -> tuple[str, str]:
-    """`{{user}}` and `{{char}}` as the renderer's variables know them."""
-    n = renderer.variables.names
-    return n.user, n.char
+    names = renderer.variables.names  # the format writes them into its own sequences too
+    texts = [*(b.text for b in blocks), *(b.name for b in blocks), names.user, names.char]
+    return tuple(spelled("\n".join(texts), count.specials))
 
 
 # --- the model ------------------------------------------------------------------------------
