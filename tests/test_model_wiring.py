@@ -297,3 +297,14 @@ def test_the_server_counter_takes_the_models_control_tokens_from_its_file(tmp_pa
     flags["model.window"] = (4096, "--window")
     made = build_module.counter_for(with_model(load_settings(None, flags)))
     assert {"<|im_start|>", "<|im_end|>"} <= set(made.specials)
+
+
+@pytest.mark.parametrize("flag", ["--tokenizer", "--format", "--use"])
+def test_a_fifo_named_as_a_model_file_is_one_line_and_never_waits(capsys, tmp_path: Path, flag: str) -> None:
+    """A FIFO with no writer would block the first read of its bytes: it is not looked into."""
+    import os
+
+    fifo = tmp_path / "model"
+    os.mkfifo(fifo)
+    code, out, err = run(capsys, "build", EXAMPLE, flag, fifo)
+    assert code in (1, 2) and out == "" and err.count("\n") == 1

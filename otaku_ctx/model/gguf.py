@@ -139,6 +139,18 @@ class Gguf:
         return Vocabulary(tokens, types[:n], merges, tuple(float(s) for s in scores[:n]))  # type: ignore[arg-type]
 
 
+def looks_like_gguf(path: Path | str) -> bool:
+    """Whether `path` is a regular file that starts as a GGUF file does (an Ollama blob has
+    no suffix to tell). Never opens a FIFO or a device, which could block or never end."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
 _READ: dict[tuple[str, tuple[int, int, int]], Gguf] = {}  # the last few files read, by path and stamp
 
 

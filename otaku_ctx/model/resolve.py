@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError
 from ..files import read_input, record_input
 from ..tokens import TOKENIZERS, TokenCounter, make_counter
+from .gguf import looks_like_gguf
 
 if TYPE_CHECKING:
     from ..backend import Backend
 
-GGUF_MAGIC = b"GGUF"
 # Mistral's own tokenizer files, as mistral-common and Mistral's model folders ship them.
 _MISTRAL = re.compile(r"(\.model\.v\d+m?\d*$)|(^tekken.*\.json$)", re.IGNORECASE)
 _CONFIG_BOUND = 1 << 20  # a model folder's config.json: a few kilobytes
@@ -137,8 +137,7 @@ def tokenizer_kind(path: Path) -> str:
     if path.is_dir():
         if (path / "tokenizer.json").is_file():
             return "hf"
-        mistral = sorted(p for p in path.iterdir() if _MISTRAL.search(p.name)) if _listable(path) else []
-        if mistral:
+        if _holds_mistral(path):
             return "mistral"
         raise ConfigError(str(path), None, "no tokenizer.json (or Mistral tokenizer file) in this folder")
     if not path.exists():
@@ -150,25 +149,16 @@ def tokenizer_kind(path: Path) -> str:
         return "mistral"
     if path.suffix.lower() == ".json":
         return "hf"
-    if _starts_with(path, GGUF_MAGIC):
+    if looks_like_gguf(path):
         return "gguf"
     raise ConfigError(
         str(path), None, "not a tokenizer file ctx reads: a .gguf, a tokenizer.json, a *.model.v* or tekken*.json"
     )
 
 
-def _listable(path: Path) -> bool:
+def _holds_mistral(folder: Path) -> bool:
     try:
-        next(iter(path.iterdir()), None)
-    except OSError:
-        return False
-    return True
-
-
-def _starts_with(path: Path, magic: bytes) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(magic)) == magic
+        return any(_MISTRAL.search(p.name) for p in folder.iterdir())
     except OSError:
         return False
 

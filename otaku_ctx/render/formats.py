@@ -407,14 +407,10 @@ def tokenizer_config_format(path: Path, data: dict[str, Any]) -> Format:
 
 
 def _is_gguf(name_or_path: str) -> bool:
-    """A path (not a bare name) of a regular file that starts as a GGUF file does."""
-    if "/" not in name_or_path and "\\" not in name_or_path:
-        return False
-    try:
-        with open(name_or_path, "rb") as f:
-            return os.fstat(f.fileno()).st_mode & 0o170000 == 0o100000 and f.read(4) == b"GGUF"
-    except OSError:
-        return False
+    """A path (not a bare name) of a file that starts as a GGUF file does."""
+    from ..model.gguf import looks_like_gguf
+
+    return ("/" in name_or_path or "\\" in name_or_path) and looks_like_gguf(name_or_path)
 
 
 def read_gguf_template(path: Path) -> Format:
