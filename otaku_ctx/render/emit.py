@@ -11,6 +11,7 @@ from typing import Any
 
 from ..assemble import Assembly, Part
 from ..hbs.blocks import Block
+from ..tokens import TokenCounter
 from .formats import Format, render_messages, text_pieces
 from .specials import broken_up
 from .templates import PromptTemplate
@@ -43,7 +44,7 @@ class PromptRenderer:
     server_bos: str = ""
     chat_as_text: bool = False
 
-    def for_model(self, count: Any) -> PromptRenderer:
+    def for_model(self, count: TokenCounter) -> PromptRenderer:
         """This renderer for the model `count` (a model's `TokenCounter`) counts for."""
         server_bos = count.bos if count.added else ""  # `bos`: the BOS the server adds itself
         return replace(self, specials=tuple(count.specials), server_bos=server_bos, chat_as_text=True)
