@@ -21,7 +21,7 @@ from .failures import (
     TimedOut,
     Unreachable,
 )
-from .servers import KINDS, Server
+from .servers import KINDS, SERVERS, Server, ServerKind
 from .transport import Retry
 
 __all__ = [
@@ -37,7 +37,9 @@ __all__ = [
     "Refused",
     "Reply",
     "Retry",
+    "SERVERS",
     "Server",
+    "ServerKind",
     "ServerBusy",
     "ServerError",
     "TimedOut",

@@ -1,35 +1,45 @@
-"""The kinds of model server ctx can ask for a token count, and how each one is asked.
+"""The kinds of model server ctx knows, one class each, and `SERVERS`, the table of them.
 
-Each server offers its tokenizer its own way; what ctx needs of each is the same: the number
-of tokens the server makes of a text when it parses the special tokens spelled in it (as it
-does a prompt) and adds no BOS, and what it adds to a whole prompt. The request and the
-answer of each kind are here; `Backend` detects the kind and sends them.
+A kind says how ctx tells that a server is one of it (`probe`), how it asks it the model's
+window, and how it asks it for a token count and a chat reply; `Backend` sends what the kind
+says and reads the answer with it. Adding a kind is one class here and a line in `SERVERS`
+(and in `WINDOWS` when its window can be asked before the kind is known).
+
+What ctx needs of a tokenize endpoint is the same everywhere: the number of tokens the server
+makes of a text when it parses the special tokens spelled in it (as it does a prompt) and adds
+no BOS, and what it adds to a whole prompt. Each kind offers it its own way:
 
 - llama.cpp: `POST /tokenize` `{"content", "add_special", "parse_special": true}` → `tokens`.
-- vLLM: `POST /tokenize` `{"model", "prompt", "add_special_tokens"}` → `count` (and `tokens`);
-  a Hugging Face tokenizer matches its added tokens in the text, so specials are parsed.
 - KoboldCpp: `POST /api/extra/tokencount` `{"prompt", "special"}` → `value`; its `special` is
   whether to add BOS, and it always parses special tokens. It answers `value` 0 for a text of
   50,000 tokens or more (its guard), which is refused here, never taken for a count.
 - TabbyAPI: `POST /v1/token/encode` `{"text", "add_bos_token", "encode_special_tokens": true}`
   → `length`.
+- vLLM: `POST /tokenize` `{"model", "prompt", "add_special_tokens"}` → `count` (and `tokens`);
+  a Hugging Face tokenizer matches its added tokens in the text, so specials are parsed.
 
-All four sit at the server's root, beside `/v1` (TabbyAPI's under `/v1` of that root).
-Ollama has no tokenize endpoint (ctx reads the GGUF blob it serves instead: `model/ollama`).
+All four sit at the server's root, beside `/v1` (TabbyAPI's under `/v1` of that root). Ollama
+has no tokenize endpoint (ctx reads the GGUF blob it serves instead: `model/ollama`), nor has a
+plain OpenAI-compatible server (OpenAI, OpenRouter, LM Studio, a gateway). Every kind answers
+a chat at `{base}/chat/completions`, Ollama's too (its OpenAI-compatible `/v1`).
 """
 
 from __future__ import annotations
 
+import json
+import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Protocol
+
+from .failures import BadReply
 
 LLAMA_CPP = "llama.cpp"
-VLLM = "vLLM"
 KOBOLDCPP = "KoboldCpp"
 TABBYAPI = "TabbyAPI"
+VLLM = "vLLM"
 OLLAMA = "Ollama"
-#: the kinds of server that count tokens
-KINDS = (LLAMA_CPP, VLLM, KOBOLDCPP, TABBYAPI)
+OPENAI = "OpenAI"
 
 #: KoboldCpp counts no text of this many tokens or more: it answers 0 (koboldcpp.py's guard)
 KOBOLD_LIMIT = 50_000
@@ -37,11 +47,11 @@ KOBOLD_LIMIT = 50_000
 
 @dataclass(frozen=True)
 class Server:
-    """What a model server is, as it says: its `kind` (one of `KINDS`, `OLLAMA`, or "" when it
-    is none of those), its `model` as it names it (llama.cpp: the model file's name), the
-    `identity` of the model and tokenizer it serves (what the count cache is keyed by: a
-    changed model file, a changed server build, changes it), its `window` (the context one
-    request gets, when it says), and its BOS and EOS texts (llama.cpp's `/props`)."""
+    """What a model server is, as it says: its `kind` (the name of its kind in `SERVERS`;
+    `OpenAI` when it is none of the others), its `model` as it names it (llama.cpp: the model
+    file's name), the `identity` of the model and tokenizer it serves (what the count cache is
+    keyed by: a changed model file, a changed server build, changes it), its `window` (the
+    context one request gets, when it says), and its BOS and EOS texts (llama.cpp's `/props`)."""
 
     kind: str
     model: str
@@ -56,23 +66,269 @@ class Server:
         return self.kind in KINDS
 
 
-def tokenize_request(kind: str, root: str, model: str, text: str, *, add_special: bool) -> tuple[str, dict[str, Any]]:
-    """The path and JSON body that ask a server of `kind` for the tokens of `text`, its special
-    tokens parsed, BOS added only when `add_special` (to learn what the server adds). A lone
-    surrogate, which is no UTF-8, goes as U+FFFD, as the prompt's UTF-8 would carry it."""
-    text = _utf8(text)
-    if kind == LLAMA_CPP:
-        return f"{root}/tokenize", {"content": text, "add_special": add_special, "parse_special": True}
-    if kind == VLLM:
-        return f"{root}/tokenize", {"model": model, "prompt": text, "add_special_tokens": add_special}
-    if kind == KOBOLDCPP:
-        return f"{root}/api/extra/tokencount", {"prompt": text, "special": add_special}
-    if kind == TABBYAPI:
-        return f"{root}/v1/token/encode", {"text": text, "add_bos_token": add_special, "encode_special_tokens": True}
-    raise ValueError(f"no tokenize endpoint for {kind!r}")
+class Asker(Protocol):
+    """What a kind needs of `Backend` to ask the server: the OpenAI-compatible `base` path
+    (`/v1`), the `root` path beside it, the `model` asked for, the base `url`, and a probe (see
+    `Backend.probe`)."""
+
+    base: str
+    root: str
+    model: str
+    url: str
+
+    def probe(self, method: str, path: str, body: bytes | None = None) -> dict[str, Any] | None: ...
+
+
+class ServerKind(ABC):
+    """One kind of model server: how ctx tells a server is one, and how it asks it for the
+    model's window, a token count and a chat reply. A kind answers for itself only: its probes
+    say None when the server is of another kind."""
+
+    name: ClassVar[str]
+    #: whether it has a tokenize endpoint ctx can ask
+    counts: ClassVar[bool] = False
+
+    @abstractmethod
+    def probe(self, backend: Asker) -> Server | None:
+        """What the server is, when its answers say it is of this kind; else None."""
+
+    def window(self, backend: Asker) -> int | None:
+        """The model's context as this kind's own endpoint says it, asked before the kind is
+        known (`WINDOWS`); None when it has no such endpoint."""
+        return None
+
+    def tokenize_request(self, root: str, model: str, text: str, *, add_special: bool) -> tuple[str, dict[str, Any]]:
+        """The path and JSON body that ask for the tokens of `text`, its special tokens parsed,
+        BOS added only when `add_special` (to learn what the server adds). Only a kind that
+        `counts` has one."""
+        raise NotImplementedError(f"{self.name} has no tokenize endpoint")
+
+    def tokens_counted(self, data: dict[str, Any]) -> int | None:
+        """The count in a tokenize answer, or None when the answer holds none."""
+        return None
+
+    def counted(self, data: dict[str, Any], text: str, url: str) -> int:
+        """The count in the tokenize answer to `text`; `BadReply` when it holds none."""
+        found = self.tokens_counted(data)
+        if found is None:
+            raise BadReply(url, f"no token count in {self.name}'s tokenize reply")
+        return found
+
+    def chat_path(self, base: str) -> str:
+        """Where a chat completion is asked (`POST`, the OpenAI API's body)."""
+        return f"{base}/chat/completions"
+
+    def described(self, server: Server) -> str:
+        """How a message names the server."""
+        return f"{self.name} ({server.model})"
+
+
+class LlamaCpp(ServerKind):
+    """llama.cpp's server: its `/props` says the model file and a slot's context."""
+
+    name = LLAMA_CPP
+    counts = True
+
+    def probe(self, backend: Asker) -> Server | None:
+        """`GET /props` with a `model_path` (TabbyAPI answers a `/props` without one)."""
+        props = backend.probe("GET", f"{backend.root}/props")
+        settings = props.get("default_generation_settings") if props is not None else None
+        path = props.get("model_path") if props is not None else None
+        if props is None or not isinstance(settings, dict) or not isinstance(path, str) or not path:
+            return None
+        models = backend.probe("GET", f"{backend.base}/models")
+        listed = models.get("data") if models is not None else None
+        meta = (
+            listed[0].get("meta")
+            if isinstance(listed, list) and len(listed) == 1 and isinstance(listed[0], dict)
+            else None
+        )
+        if isinstance(meta, dict):  # what the file is, not how the server runs it
+            meta = {key: value for key, value in meta.items() if key != "n_ctx"}
+        build = props.get("build_info")
+        identity = json.dumps(
+            [LLAMA_CPP, path, meta if isinstance(meta, dict) else None, build if isinstance(build, str) else None],
+            sort_keys=True,
+        )
+        bos, eos = props.get("bos_token"), props.get("eos_token")
+        return Server(
+            LLAMA_CPP,
+            path.replace("\\", "/").rsplit("/", 1)[-1],
+            identity,
+            window=_count(settings.get("n_ctx")) or None,
+            bos=bos if isinstance(bos, str) else "",
+            eos=eos if isinstance(eos, str) else "",
+        )
+
+    def window(self, backend: Asker) -> int | None:
+        """`GET /props` `default_generation_settings.n_ctx`: a slot's (`-c` / `-np`); TabbyAPI
+        answers the same with its `max_seq_len`."""
+        data = backend.probe("GET", f"{backend.root}/props")
+        settings = data.get("default_generation_settings") if data is not None else None
+        return _count(settings.get("n_ctx")) if isinstance(settings, dict) else None
+
+    def tokenize_request(
+        self, root: str, model: str, text: str, *, add_special: bool, parse_special: bool = True
+    ) -> tuple[str, dict[str, Any]]:
+        """`parse_special=False` reads the special tokens as plain text (`Backend.tokenize`)."""
+        return f"{root}/tokenize", {"content": _utf8(text), "add_special": add_special, "parse_special": parse_special}
+
+    def tokens_counted(self, data: dict[str, Any]) -> int | None:
+        return _ids(data.get("tokens"))
+
+
+class KoboldCpp(ServerKind):
+    """KoboldCpp: its `/api/extra/version` names it."""
+
+    name = KOBOLDCPP
+    counts = True
+
+    def probe(self, backend: Asker) -> Server | None:
+        """`GET /api/extra/version` `result: "KoboldCpp"`; the model from `/api/v1/model`."""
+        version = backend.probe("GET", f"{backend.root}/api/extra/version")
+        if version is None or version.get("result") != "KoboldCpp":
+            return None
+        named = backend.probe("GET", f"{backend.root}/api/v1/model")
+        model = named.get("result") if named is not None else None
+        model = model.removeprefix("koboldcpp/") if isinstance(model, str) else ""
+        identity = json.dumps([KOBOLDCPP, str(version.get("version")), model])
+        return Server(KOBOLDCPP, model, identity, window=self.window(backend))
+
+    def window(self, backend: Asker) -> int | None:
+        """`GET /api/extra/true_max_context_length`."""
+        data = backend.probe("GET", f"{backend.root}/api/extra/true_max_context_length")
+        return _count(data.get("value")) or None if data is not None else None
+
+    def tokenize_request(self, root: str, model: str, text: str, *, add_special: bool) -> tuple[str, dict[str, Any]]:
+        return f"{root}/api/extra/tokencount", {"prompt": _utf8(text), "special": add_special}
+
+    def tokens_counted(self, data: dict[str, Any]) -> int | None:
+        return _count(data.get("value"))
+
+    def counted(self, data: dict[str, Any], text: str, url: str) -> int:
+        """A count of 0 for a text is its guard speaking, not a count."""
+        found = super().counted(data, text, url)
+        if found == 0 and text:
+            raise BadReply(
+                url,
+                f"KoboldCpp counted 0 tokens of {len(text):,} characters (it counts no text of"
+                f" {KOBOLD_LIMIT:,} tokens or more)",
+                "count with the model's own file instead (--tokenizer a GGUF file)",
+            )
+        return found
+
+
+class TabbyAPI(ServerKind):
+    """TabbyAPI: its `/v1/model` card has the `max_seq_len` it loaded the model with. Its window
+    asked before the kind is known is llama.cpp's probe's: it answers a `/props` the same."""
+
+    name = TABBYAPI
+    counts = True
+
+    def probe(self, backend: Asker) -> Server | None:
+        """`GET /v1/model` with `parameters.max_seq_len`."""
+        card = backend.probe("GET", f"{backend.root}/v1/model")
+        parameters = card.get("parameters") if card is not None else None
+        if card is None or not isinstance(parameters, dict) or "max_seq_len" not in parameters:
+            return None
+        model = str(card.get("id") or "")
+        return Server(TABBYAPI, model, json.dumps([TABBYAPI, model]), window=_count(parameters["max_seq_len"]) or None)
+
+    def tokenize_request(self, root: str, model: str, text: str, *, add_special: bool) -> tuple[str, dict[str, Any]]:
+        body = {"text": _utf8(text), "add_bos_token": add_special, "encode_special_tokens": True}
+        return f"{root}/v1/token/encode", body
+
+    def tokens_counted(self, data: dict[str, Any]) -> int | None:
+        return _count(data.get("length")) if "length" in data else _ids(data.get("tokens"))
+
+
+class Vllm(ServerKind):
+    """vLLM: its `/v1/models` says each model's `max_model_len`."""
+
+    name = VLLM
+    counts = True
+
+    def probe(self, backend: Asker) -> Server | None:
+        """`GET /v1/models` with a `max_model_len`: the model asked for's, or the one model's."""
+        data = backend.probe("GET", f"{backend.base}/models")
+        models = data.get("data") if data is not None else None
+        if not isinstance(models, list):
+            return None
+        sized = [m for m in models if isinstance(m, dict) and _count(m.get("max_model_len"))]
+        mine = [m for m in sized if m.get("id") == backend.model] or (sized if len(sized) == 1 else [])
+        if not mine:
+            return None
+        model = str(mine[0].get("id") or "")
+        identity = json.dumps([VLLM, model, str(mine[0].get("root") or "")])
+        return Server(VLLM, model, identity, window=_count(mine[0]["max_model_len"]))
+
+    def window(self, backend: Asker) -> int | None:
+        """`GET /v1/models` `max_model_len`."""
+        found = self.probe(backend)
+        return found.window if found is not None else None
+
+    def tokenize_request(self, root: str, model: str, text: str, *, add_special: bool) -> tuple[str, dict[str, Any]]:
+        return f"{root}/tokenize", {"model": model, "prompt": _utf8(text), "add_special_tokens": add_special}
+
+    def tokens_counted(self, data: dict[str, Any]) -> int | None:
+        return _count(data.get("count")) if "count" in data else _ids(data.get("tokens"))
+
+
+class Ollama(ServerKind):
+    """Ollama: its `/api/version` answers; no tokenize endpoint."""
+
+    name = OLLAMA
+
+    def probe(self, backend: Asker) -> Server | None:
+        """`GET /api/version` with a `version`."""
+        data = backend.probe("GET", f"{backend.root}/api/version")
+        if data is None or not isinstance(data.get("version"), str):
+            return None
+        return Server(OLLAMA, backend.model, json.dumps([OLLAMA, backend.model]))
+
+    def window(self, backend: Asker) -> int | None:
+        """`POST /api/show`: `num_ctx` of its parameters, else the model's `*.context_length`."""
+        data = backend.probe("POST", f"{backend.root}/api/show", json.dumps({"model": backend.model}).encode("utf-8"))
+        if data is None:
+            return None
+        parameters = data.get("parameters")
+        if isinstance(parameters, str) and (found := re.search(r"^\s*num_ctx\s+(\d+)", parameters, re.MULTILINE)):
+            return int(found.group(1))
+        info = data.get("model_info")
+        if not isinstance(info, dict):
+            return None
+        sizes = [_count(v) for k, v in info.items() if isinstance(k, str) and k.endswith(".context_length")]
+        return next((size for size in sizes if size), None)
+
+
+class OpenAI(ServerKind):
+    """A server that is none of the others: OpenAI's API and nothing more ctx can ask (OpenAI,
+    OpenRouter, LM Studio, a gateway). Last in `SERVERS`: every server is at least this."""
+
+    name = OPENAI
+
+    def probe(self, backend: Asker) -> Server:
+        """Asks nothing: what the server is, ctx knows only by its URL and the model named."""
+        return Server(OPENAI, backend.model, f"?|{backend.url}|{backend.model}")
+
+    def described(self, server: Server) -> str:
+        return f"this server (not {', '.join(KINDS[:-1])} or {KINDS[-1]})"
+
+
+#: every kind, in the order `Backend.server()` asks which one the server is: the first whose
+#: probe says so is it (llama.cpp before TabbyAPI, whose `/props` mimics llama.cpp's; OpenAI last)
+SERVERS: dict[str, ServerKind] = {
+    kind.name: kind for kind in (LlamaCpp(), KoboldCpp(), TabbyAPI(), Vllm(), Ollama(), OpenAI())
+}
+#: the kinds whose window can be asked before the kind is known, in the order `Backend.window()`
+#: asks: `/v1/models` first, which every OpenAI-compatible server answers (vLLM's with its window)
+WINDOWS: tuple[ServerKind, ...] = tuple(SERVERS[name] for name in (VLLM, LLAMA_CPP, OLLAMA, KOBOLDCPP))
+#: the kinds of server that count tokens
+KINDS: tuple[str, ...] = tuple(name for name, kind in SERVERS.items() if kind.counts)
 
 
 def _utf8(text: str) -> str:
+    """A lone surrogate, which is no UTF-8, goes as U+FFFD, as the prompt's UTF-8 would carry it."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -90,27 +346,24 @@ def _ids(value: object) -> int | None:
     return None
 
 
-def tokens_counted(kind: str, data: dict[str, Any]) -> int | None:
-    """The count in a tokenize answer of `kind`, or None when the answer holds none."""
-    if kind == LLAMA_CPP:
-        return _ids(data.get("tokens"))
-    if kind == VLLM:
-        return _count(data.get("count")) if "count" in data else _ids(data.get("tokens"))
-    if kind == KOBOLDCPP:
-        return _count(data.get("value"))
-    if kind == TABBYAPI:
-        return _count(data.get("length")) if "length" in data else _ids(data.get("tokens"))
-    return None
-
-
 __all__ = [
     "KINDS",
     "KOBOLDCPP",
+    "KOBOLD_LIMIT",
     "LLAMA_CPP",
     "OLLAMA",
+    "OPENAI",
+    "SERVERS",
     "TABBYAPI",
     "VLLM",
+    "WINDOWS",
+    "Asker",
+    "KoboldCpp",
+    "LlamaCpp",
+    "Ollama",
+    "OpenAI",
     "Server",
-    "tokenize_request",
-    "tokens_counted",
+    "ServerKind",
+    "TabbyAPI",
+    "Vllm",
 ]
