@@ -16,6 +16,7 @@ import pytest
 import typer.main
 from conftest import CASE3, FIXTURES, REPO
 
+from otaku_ctx import files
 from otaku_ctx.cli.app import app, main
 from otaku_ctx.cli.terminal import Terminal
 from otaku_ctx.status import ExitStatus
@@ -50,8 +51,9 @@ def test_a_story_from_stdin(expected):
     assert ctx("build", "-", stdin=CASE3.read_bytes()) == (0, expected, "")
 
 
-def test_a_story_from_a_pipe_is_read_once(tmp_path, expected):
+def test_a_story_from_a_pipe_is_read_once(tmp_path, expected, monkeypatch):
     """A FIFO (what `<(cat story)` is) can be read only once; sniffing must not use it up."""
+    monkeypatch.setattr(files, "FIFO_GRACE", 60.0)  # a hang guard: however late the writer's thread runs
     fifo = tmp_path / "story.fifo"
     os.mkfifo(fifo)
     writer = threading.Thread(target=lambda: fifo.write_bytes(CASE3.read_bytes()))
@@ -89,7 +91,7 @@ def test_o_writes_into_a_fifo_without_replacing_it(tmp_path, expected):
     reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
     reader.start()
     status, _, err = ctx("build", CASE3, "-o", fifo)
-    reader.join(timeout=10)
+    reader.join(timeout=60)
     assert (status, err) == (0, "")
     assert got == [expected.encode("utf-8")]
     assert fifo.is_fifo()
@@ -376,8 +378,9 @@ def test_a_slow_build_shows_progress_on_a_terminal_and_nowhere_else(expected):
     assert (status, out, err) == (0, expected, "")
 
 
-def test_a_template_and_a_config_from_pipes(tmp_path, expected):
+def test_a_template_and_a_config_from_pipes(tmp_path, expected, monkeypatch):
     """`--template <(...)` and `--config <(...)` are pipes: read once, like files."""
+    monkeypatch.setattr(files, "FIFO_GRACE", 60.0)  # a hang guard: however late the writers' threads run
     template, config = tmp_path / "template.fifo", tmp_path / "config.fifo"
     os.mkfifo(template)
     os.mkfifo(config)

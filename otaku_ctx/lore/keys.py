@@ -109,6 +109,7 @@ class Clock:
     spent: dict[str, float] = field(default_factory=dict)
     used: float = 0.0
     timeouts: set[str] = field(default_factory=set)
+    runs: dict[str, int] = field(default_factory=dict)  # each key's searches: one out of time runs no more
 
     def search(self, p: Pattern, text: str) -> int | None:
         """Where `p` first matches `text`, or None (no match, or out of time)."""
@@ -118,6 +119,7 @@ class Clock:
         if left <= 0:
             self.timeouts.add(p.key)
             return None
+        self.runs[p.key] = self.runs.get(p.key, 0) + 1
         start = time.perf_counter()
         try:
             found = p.compiled.match(text, timeout=left) if p.anchored else p.compiled.search(text, timeout=left)

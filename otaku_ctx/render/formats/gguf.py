@@ -1,0 +1,30 @@
+"""The reader of a GGUF model file: its `tokenizer.chat_template`, as a Format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...errors import ConfigError
+from .model import Format, jinja_format
+
+
+def is_gguf(name_or_path: str) -> bool:
+    """A path (not a bare name) of a file that starts as a GGUF file does."""
+    from ...model.gguf import looks_like_gguf
+
+    return ("/" in name_or_path or "\\" in name_or_path) and looks_like_gguf(name_or_path)
+
+
+def read_gguf_template(path: Path) -> Format:
+    """A GGUF model file's `tokenizer.chat_template`, with its BOS and EOS token texts."""
+    from ...files import record_input
+    from ...model.gguf import read_gguf
+
+    record_input(path)
+    model = read_gguf(path)
+    if not model.chat_template:
+        raise ConfigError(
+            str(path), "tokenizer.chat_template", "missing: the file has no chat template; give a --format"
+        )
+    name = f"{path} (tokenizer.chat_template)"
+    return jinja_format(model.chat_template, bos=model.bos_text, eos=model.eos_text, name=name)

@@ -1,0 +1,63 @@
+"""The reader of a Hugging Face `tokenizer_config.json`: the model's own chat template, as a Format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ...errors import ConfigError
+from ...story.jsonload import JSONProblem, loads
+from .model import Format, jinja_format
+from .reading import read_text
+
+
+def tokenizer_config_format(path: Path, data: dict[str, Any]) -> Format:
+    """A Hugging Face `tokenizer_config.json`: its `chat_template` (a string, or a list of
+    named templates, of which "default" is the chat one; a `chat_template.jinja` beside the
+    file when it has none, as newer models keep it) and its `bos_token`/`eos_token` (strings,
+    or `{"content": ...}` objects)."""
+    source = str(path)
+    template = data.get("chat_template")
+    beside = path.parent / "chat_template.jinja"
+    if template is None and beside.is_file():
+        template = read_text(beside, "template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        if "default" not in named:
+            known = ", ".join(str(n) for n in named) or "none"
+            raise ConfigError(source, "chat_template", f"has no template named 'default' (it has: {known})")
+        template = named["default"]
+    if template is None:
+        raise ConfigError(source, "chat_template", "missing: this model has no chat template; give another --format")
+    if not isinstance(template, str) or not template.strip():
+        raise ConfigError(source, "chat_template", f"expected a Jinja template (a string), got {template!r:.60}")
+    bos, eos = token_text(source, data, "bos_token"), token_text(source, data, "eos_token")
+    return jinja_format(template, bos=bos, eos=eos, name=f"{source} (chat_template)")
+
+
+def is_tokenizer_config(data: dict[str, Any], path: Path) -> bool:
+    """Whether a `.json` file's object is a tokenizer config (else a SillyTavern preset)."""
+    return "chat_template" in data or path.name == "tokenizer_config.json"
+
+
+def token_text(source: str, data: dict[str, Any], key: str) -> str | None:
+    """A special token as a tokenizer config writes it: a string, or an object with its
+    "content" (transformers' AddedToken); None when it has none."""
+    value = data.get(key)
+    if isinstance(value, dict):
+        value = value.get("content")
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(source, key, f'expected a string or an object with a "content" string, got {value!r:.60}')
+    return value
+
+
+def json_object(path: Path, kind: str) -> dict[str, Any]:
+    try:
+        data = loads(read_text(path, kind))
+    except JSONProblem as exc:
+        raise ConfigError(str(path), None, f"not valid JSON (line {exc.line}): {exc.message}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), None, "expected a JSON object")
+    return data
