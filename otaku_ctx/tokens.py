@@ -49,9 +49,18 @@ class _Cache(dict[str, object]):
 
 
 class TokenCounter:
-    """Counts tokens of a text, caching each distinct text (long ones only while recent)."""
+    """Counts tokens of a text, caching each distinct text (long ones only while recent).
 
-    name: str
+    What a counter says of itself is given when it is made and read-only after: `name`, what
+    counted (as `inspect` says it); `additive`; and what a model's counter (model/) says of its
+    model. Such a counter counts a text as the model's server parses it (`parses_specials`): a
+    control token spelled in it (`<|im_end|>`, `[INST]`) is the one token it is. `specials` are
+    those control tokens, which story text must not spell in a text prompt (the renderer
+    breaks them up); `bos` is the BOS text the server adds itself ("" where it adds none),
+    which a text prompt then does not spell, and `added` the tokens the server adds to a whole
+    prompt (its BOS, an EOS). cl100k_base and the estimate know no model: none of these.
+    Only the caches fill as it counts.
+    """
 
     def __init__(
         self,
@@ -63,27 +72,45 @@ class TokenCounter:
         specials: tuple[str, ...] = (),
         bos: str = "",
         added: int = 0,
+        parses_specials: bool = False,
     ) -> None:
-        self.name = name  # what counted, as `inspect` says it
+        self._name = name
         self._count = count
-        # A model's counter (model/) counts a text as the model's server parses it: a control
-        # token spelled in it (`<|im_end|>`, `[INST]`) is the one token it is. `specials` are
-        # those control tokens, which story text must not spell in a text prompt (the renderer
-        # breaks them up); `bos` is the BOS text the server adds itself ("" where it adds
-        # none), which a text prompt then does not spell, and `added` the tokens the server
-        # adds to a whole prompt (its BOS, an EOS). cl100k_base and the
-        # estimate know no model: none of these.
-        self.specials = specials
-        self.bos = bos
-        self.added = added
-        self.parses_specials = False  # set by model/ for a model's counter
+        self._specials = tuple(specials)
+        self._bos = bos
+        self._added = added
+        self._parses_specials = parses_specials
         self._cache = _Cache()
         self._context = context
         self._contexts = _Cache()
         self.calls = 0  # distinct texts actually counted (for tests and benchmarks)
         # Whether the count of joined texts is (about) the sum of their counts. len // 4 is
         # not: it floors each piece, so pieces are priced by `bound` (rounding up) instead.
-        self.additive = additive
+        self._additive = additive
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def additive(self) -> bool:
+        return self._additive
+
+    @property
+    def specials(self) -> tuple[str, ...]:
+        return self._specials
+
+    @property
+    def bos(self) -> str:
+        return self._bos
+
+    @property
+    def added(self) -> int:
+        return self._added
+
+    @property
+    def parses_specials(self) -> bool:
+        return self._parses_specials
 
     def __call__(self, text: str) -> int:
         cached = self._cache.get(text)
@@ -109,7 +136,7 @@ class TokenCounter:
     def bound(self, text: str) -> int:
         """What `text` can add to a longer prompt: its count, or for a flooring estimate the
         count rounded up (so the sum of the pieces is never below the count of the whole)."""
-        if self.additive:
+        if self._additive:
             return self(text)
         return -(-len(text) // 4)
 

@@ -70,6 +70,7 @@ def test_smollm2_s_model_facts(smollm2_gguf: Path) -> None:
     assert (counter.bos, counter.added) == ("", 0)  # SmolLM2 adds no BOS: the server leaves none to strip
     assert counter.specials[:3] == ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
     assert len(counter.specials) == 17 and "<|im_" not in counter.specials
+    assert hf.gguf_controls(read_gguf(smollm2_gguf)) == counter.specials  # read without converting
     assert counter("<|im_start|>user\nHi<|im_end|>") == 1 + 1 + 1 + 1 + 1  # user, \n, Hi around the two
     assert counter("<|im_") > 1  # a part of one is ordinary text
 
@@ -331,11 +332,14 @@ def test_a_lone_surrogate_counts_as_a_replacement_character(tmp_path: Path) -> N
     assert counter.count_many(["x\udc00", "y"]) == [counter("x\ufffd"), 1]
 
 
-def test_what_is_set_on_a_counter_is_kept(tmp_path: Path) -> None:
+def test_a_counter_is_what_its_file_says_and_cannot_be_changed(tmp_path: Path) -> None:
     counter = gguf_counter(write_gguf(tmp_path / "tiny.gguf", tiny_bpe(**{"tokenizer.ggml.add_bos_token": True})))
-    assert counter.bos == "<|im_start|>"
-    counter.bos, counter.added, counter.specials = "", 1, ("<|im_end|>",)
-    assert (counter.bos, counter.added, counter.specials) == ("", 1, ("<|im_end|>",))
+    facts = (counter.bos, counter.added, counter.specials, counter.parses_specials)
+    assert facts == ("<|im_start|>", 1, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), True)
+    for name, value in [("bos", ""), ("added", 0), ("specials", ()), ("parses_specials", False), ("name", "x")]:
+        with pytest.raises(AttributeError):
+            setattr(counter, name, value)
+    assert (counter.bos, counter.added, counter.specials, counter.parses_specials) == facts
 
 
 def test_a_byte_the_vocabulary_lacks_keeps_its_neighbours_apart_and_counts_nothing(tmp_path: Path) -> None:
@@ -354,9 +358,9 @@ def test_a_byte_the_vocabulary_lacks_keeps_its_neighbours_apart_and_counts_nothi
     assert counter.count_many(["x \x1d! y", " \x1d!"]) == [5, 2]  # x, Ġ, !, Ġ, y: no "Ġy" here
 
 
-def _retyped(tmp_path: Path, *renamed: tuple[str, int]) -> Path:
-    """The tiny model with these (text, type) tokens added."""
-    metadata = tiny_bpe()
+def _retyped(tmp_path: Path, *renamed: tuple[str, int], **extra: object) -> Path:
+    """The tiny model (with `extra` metadata) with these (text, type) tokens added."""
+    metadata = tiny_bpe(**extra)
     tokens = [*metadata["tokenizer.ggml.tokens"], *(text for text, _ in renamed)]  # type: ignore[misc]
     metadata["tokenizer.ggml.tokens"] = tokens
     metadata["tokenizer.ggml.token_type"] = array(
@@ -388,3 +392,42 @@ def test_two_fill_in_the_middle_candidates_are_refused(tmp_path: Path) -> None:
     metadata["tokenizer.ggml.tokens"] = tokens
     metadata["tokenizer.ggml.token_type"] = array(I32, [3, 3, 3] + [1] * (len(tokens) - 3))
     assert gguf_counter(write_gguf(tmp_path / "named.gguf", metadata))("<PRE>") > 1
+
+
+@pytest.mark.parametrize(
+    "added",
+    [
+        (),
+        (("<tool>", 4), ("hello", 4), ("<unk>", 2), ("", 3), ("unused", 5), ("<0x0A>", 6)),
+        (("<|eot_id|>", 1), ("<|channel|>", 3), ("</s>", 3), ("<|tool_response>", 1), ("<PRE>", 1)),
+        (("<x>", 3), ("<y>", 3), ("<x>", 3)),  # a text twice: one token, where its last id is
+        (("hello", 4), ("<y>", 3), ("hello", 3)),  # special as its last entry says
+        (("hello", 3), ("<y>", 3), ("hello", 4)),
+        (("hello", 4), ("<y>", 3), ("hello", 1)),  # only the entries of the types cut out count
+        (("<|im_start|>", 1),),  # a control token's text again, as ordinary text
+    ],
+)
+def test_a_ggufs_control_tokens_are_read_without_converting_it(tmp_path: Path, added: tuple) -> None:
+    """`gguf_controls` names what the converted counter's `specials` name, from the tokens and
+    their types alone: the conversion is never made (no cache file), the merges never read."""
+    path = _retyped(tmp_path, *added)
+    model = read_gguf(path)
+    controls = hf.gguf_controls(model)
+    assert not list(model_cache().glob(f"*{model.identity}*"))
+    assert controls == gguf_counter(path).specials
+
+
+def test_the_control_tokens_of_a_gguf_ctx_does_not_count_are_read_too(tmp_path: Path, monkeypatch) -> None:
+    """A model a server counts for ctx: a SentencePiece GGUF, an unknown pre-tokenizer, one whose
+    fill-in-the-middle token llama.cpp picks by its hash order (both taken), a file of no tokens."""
+    read: list[str] = []
+    original = Gguf.array
+    monkeypatch.setattr(Gguf, "array", lambda self, key: (read.append(key), original(self, key))[1])
+    spm = read_gguf(_retyped(tmp_path, ("<unk>", 2), **{"tokenizer.ggml.model": "llama"}))
+    assert hf.gguf_controls(spm) == ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>")
+    assert "tokenizer.ggml.merges" not in read
+    odd = read_gguf(_retyped(tmp_path, ("<fim_prefix>", 1), ("<PRE>", 3), **{"tokenizer.ggml.pre": "x"}))
+    assert hf.gguf_controls(odd)[-2:] == ("<fim_prefix>", "<PRE>")
+    metadata = tiny_bpe()
+    del metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.token_type"]
+    assert hf.gguf_controls(read_gguf(write_gguf(tmp_path / "none.gguf", metadata))) == ()

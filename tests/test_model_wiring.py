@@ -9,14 +9,17 @@ import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import run
 from gguf_files import tiny_bpe, write_gguf
 from stories import story
 
+from otaku_ctx.backend.servers import LLAMA_CPP, Server
 from otaku_ctx.build import build, with_model
 from otaku_ctx.config import load_settings
+from otaku_ctx.locations import model_cache
 from otaku_ctx.render.specials import JOINER, broken_up, spelled
 from otaku_ctx.story.model import Message
 from otaku_ctx.tokens import TokenCounter, count_cl100k
@@ -35,9 +38,7 @@ def model_counter(added: int = 0, bos: str = "") -> TokenCounter:
             rest = rest.replace(control, "\x00")
         return total + sum(count_cl100k(piece) for piece in rest.split("\x00"))
 
-    counter = TokenCounter("stand-in model", count, specials=CONTROLS, bos=bos, added=added)
-    counter.parses_specials = True
-    return counter
+    return TokenCounter("stand-in model", count, specials=CONTROLS, bos=bos, added=added, parses_specials=True)
 
 
 def hostile_story():
@@ -284,19 +285,42 @@ def test_a_model_folder_without_a_chat_template_leaves_the_format(tmp_path: Path
     assert s.prompt.format == load_settings(None).prompt.format and s.model.window == 32768
 
 
-def test_the_server_counter_takes_the_models_control_tokens_from_its_file(tmp_path: Path, monkeypatch) -> None:
+class LlamaStandIn:
+    """What `server_counter` asks of a llama.cpp server's `Backend`: it names its BOS and EOS
+    (`/props`) and counts a text by its characters, adding its BOS to a whole prompt."""
+
+    root = "/"
+    transport = SimpleNamespace(url=lambda path: "http://127.0.0.1:9")
+
+    def server(self) -> Server:
+        return Server(LLAMA_CPP, "tiny.gguf", "stand-in", bos="<s>", eos="<|im_end|>")
+
+    def count(self, text: str, *, add_special: bool = False) -> int:
+        return len(text) + add_special
+
+
+@pytest.mark.parametrize("tokenizer", ["gpt2", "llama"])
+def test_the_server_counter_takes_the_models_control_tokens_from_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer: str
+) -> None:
     """`--use FILE --tokenizer server`: counted by the server, broken up by every control token
-    the model's file names (a server names few of them, or none)."""
+    the model's file names (a server names few of them, or none), after the server's own: one
+    counter, made whole. Its file's tokens are read, not converted: a GGUF whose tokenizer ctx
+    does not count (SentencePiece) gives them too."""
     from otaku_ctx import build as build_module
     from otaku_ctx.model import resolve
 
-    gguf = tiny_model(tmp_path)
-    monkeypatch.setattr(resolve, "server_counter", lambda server, model="": TokenCounter("server stand-in", len))
+    gguf = write_gguf(tmp_path / "tiny.gguf", tiny_bpe(**{"tokenizer.ggml.model": tokenizer}))
+    monkeypatch.setattr(resolve, "backend", lambda server, model: LlamaStandIn())
     flags = {"model.use": (str(gguf), "--use"), "model.tokenizer": ("server", "--tokenizer")}
     flags["model.server"] = ("http://127.0.0.1:9", "--server")
     flags["model.window"] = (4096, "--window")
     made = build_module.counter_for(with_model(load_settings(None, flags)))
-    assert {"<|im_start|>", "<|im_end|>"} <= set(made.specials)
+    assert made.specials == ("<s>", "<|im_end|>", "<|endoftext|>", "<|im_start|>")
+    assert (made.bos, made.added, made.parses_specials, made("Hi")) == ("<s>", 1, True, 2)
+    assert not list(model_cache().glob("*"))  # nothing converted
+    with pytest.raises(AttributeError):
+        made.specials = ()  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("flag", ["--tokenizer", "--format", "--use"])

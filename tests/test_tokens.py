@@ -51,6 +51,19 @@ def test_unknown_tokenizer():
         make_counter("gpt2")
 
 
+def test_a_counter_is_what_it_was_made_with_and_only_its_cache_changes():
+    """Its facts are given when it is made (a model's counter by model/), then read-only."""
+    plain = make_counter("cl100k_base")
+    assert (plain.specials, plain.bos, plain.added, plain.parses_specials) == ((), "", 0, False)
+    model = tokens.TokenCounter("m", len, specials=("<s>", "</s>"), bos="<s>", added=1, parses_specials=True)
+    assert (model.name, model.specials, model.bos, model.added) == ("m", ("<s>", "</s>"), "<s>", 1)
+    assert model.parses_specials and model.additive
+    for name, value in [("name", "x"), ("specials", ()), ("bos", ""), ("added", 0), ("parses_specials", False)]:
+        with pytest.raises(AttributeError):
+            setattr(model, name, value)
+    assert model("abc") == 3 and model.calls == 1
+
+
 def test_loading_cl100k_reaches_no_network(monkeypatch, tmp_path):
     """Load the encoding afresh with sockets forbidden and an empty tiktoken cache."""
 

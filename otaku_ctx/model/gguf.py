@@ -120,23 +120,30 @@ class Gguf:
             reader = _Reader(self.path, handle, size, start=found.offset)
             return reader.items(key, found.item_type, found.count, 1, keep=True)  # type: ignore[return-value]
 
-    def vocabulary(self) -> Vocabulary:
-        """The tokens, their types, the merges and the scores: what a counter is built from."""
+    def typed_tokens(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The tokens and their types (no types when the file has none): all that a list of its
+        control tokens needs, without the merges."""
         tokens = self.array("tokenizer.ggml.tokens")
         types = self.array("tokenizer.ggml.token_type")
-        merges = self.array("tokenizer.ggml.merges")
-        scores = self.array("tokenizer.ggml.scores")
         where = str(self.path)
         if not tokens or not all(isinstance(t, str) for t in tokens):
             raise ConfigError(where, "tokenizer.ggml.tokens", "holds no list of token strings")
         if types and (len(types) < len(tokens) or not all(isinstance(t, int) for t in types)):
             raise ConfigError(where, "tokenizer.ggml.token_type", "is not one whole number for each token")
+        return tokens, types[: len(tokens)]  # type: ignore[return-value]
+
+    def vocabulary(self) -> Vocabulary:
+        """The tokens, their types, the merges and the scores: what a counter is built from."""
+        tokens, types = self.typed_tokens()
+        merges = self.array("tokenizer.ggml.merges")
+        scores = self.array("tokenizer.ggml.scores")
+        where = str(self.path)
         if not all(isinstance(m, str) for m in merges):
             raise ConfigError(where, "tokenizer.ggml.merges", "is not a list of strings")
         if scores and (len(scores) < len(tokens) or not all(isinstance(s, int | float) for s in scores)):
             raise ConfigError(where, "tokenizer.ggml.scores", "is not one number for each token")
         n = len(tokens)
-        return Vocabulary(tokens, types[:n], merges, tuple(float(s) for s in scores[:n]))  # type: ignore[arg-type]
+        return Vocabulary(tokens, types, merges, tuple(float(s) for s in scores[:n]))  # type: ignore[arg-type]
 
 
 def looks_like_gguf(path: Path | str) -> bool:

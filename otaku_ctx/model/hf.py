@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import ConfigError, OtakuError
 from ..tokens import TokenCounter, without_surrogates
 from . import INSTALL
-from .gguf import CONTROL, NORMAL, UNKNOWN, USER_DEFINED, Gguf, read_gguf
+from .gguf import CONTROL, NORMAL, TOKENS, UNKNOWN, USER_DEFINED, Gguf, read_gguf
 
 CONVERTER = 3  # the conversion's own version, part of the cache's key: bump it when the output changes
 TOKENIZER_JSON_BOUND = 256 << 20  # bytes; Gemma's 256k vocabulary is ~35 MB
@@ -124,10 +124,11 @@ class Loaded:
 
 class ModelCounter(TokenCounter):
     """A `TokenCounter` over a `tokenizers.Tokenizer` loaded on first use (a count, or asking
-    for `specials`, `bos` or `added`), which also counts many texts in batches (`count_many`)."""
+    for `specials`, `bos` or `added`), which also counts many texts in batches (`count_many`).
+    It parses a text's special tokens, as the model's server does."""
 
     def __init__(self, name: str, load: Callable[[], Loaded], *, context: bool = False) -> None:
-        super().__init__(name, self._one, context=self._end if context else None)
+        super().__init__(name, self._one, context=self._end if context else None, parses_specials=True)
         self._load = load
         self._loaded: Loaded | None = None
         self._counted: dict[str, int] = {}  # counted by `count_many`, not yet asked for one by one
@@ -138,37 +139,18 @@ class ModelCounter(TokenCounter):
             self._loaded = self._load()
         return self._loaded
 
-    # TokenCounter's attributes, read from the loaded tokenizer unless set after the counter
-    # was made (the base class's own empty values are not kept)
+    # TokenCounter's facts of the model, read from the tokenizer when first asked for
     @property
     def specials(self) -> tuple[str, ...]:
-        given = self.__dict__.get("_given_specials")
-        return self.loaded().specials if given is None else given
-
-    @specials.setter
-    def specials(self, value: tuple[str, ...]) -> None:
-        if "_load" in self.__dict__:
-            self.__dict__["_given_specials"] = value
+        return self.loaded().specials
 
     @property
     def bos(self) -> str:
-        given = self.__dict__.get("_given_bos")
-        return self.loaded().bos if given is None else given
-
-    @bos.setter
-    def bos(self, value: str) -> None:
-        if "_load" in self.__dict__:
-            self.__dict__["_given_bos"] = value
+        return self.loaded().bos
 
     @property
     def added(self) -> int:
-        given = self.__dict__.get("_given_added")
-        return self.loaded().added if given is None else given
-
-    @added.setter
-    def added(self, value: int) -> None:
-        if "_load" in self.__dict__:
-            self.__dict__["_given_added"] = value
+        return self.loaded().added
 
     def _end(self, text: str) -> str:
         return context_of(text, self.loaded().matched)
@@ -217,6 +199,7 @@ class ModelCounter(TokenCounter):
 
 
 _MARKUP = re.compile(r"<[^<>\s]+>|\[[^\[\]\s]+\]")  # <think>, <|start|>, [TOOL_CALLS]: a token's own markup
+_ADDED = (CONTROL, USER_DEFINED, UNKNOWN)  # the types llama.cpp cuts out of a text before pre-tokenizing
 
 
 def controls(added: Iterable[Any]) -> tuple[str, ...]:
@@ -257,6 +240,31 @@ def gguf_counter(path: Path, model: Gguf | None = None) -> ModelCounter:
         return Loaded(tokenizer, specials, bos, added, split, tuple(matched), unknown)
 
     return ModelCounter(label, load, context=True)
+
+
+def gguf_controls(model: Gguf) -> tuple[str, ...]:
+    """The control tokens `gguf_counter` names (its `specials`), from the GGUF's tokens and
+    their types alone: nothing converted, no merges read, no `tokenizers`, and of any kind of
+    tokenizer (a SentencePiece GGUF too), for the model a server counts. A fill-in-the-middle
+    text llama.cpp would pick by its hash order is taken, whichever it picks; a file with no
+    tokens names none."""
+    if TOKENS not in model.metadata:
+        return ()
+    tokens, vocab, types = _llama_cpp_vocabulary(model, *model.typed_tokens(), strict=False)
+    # the added tokens as `tokenizers` keeps those of `gguf_tokenizer_json`: one for each text,
+    # at the id the vocabulary gives it, special as its last entry says
+    special = {text: kind != USER_DEFINED for text, kind in zip(tokens, types, strict=False) if kind in _ADDED}
+    return tuple(text for text in sorted(special, key=vocab.__getitem__) if special[text] or _MARKUP.fullmatch(text))
+
+
+def _llama_cpp_vocabulary(
+    model: Gguf, tokens: tuple[str, ...], types: tuple[int, ...], *, strict: bool = True
+) -> tuple[list[str], dict[str, int], list[int]]:
+    """The GGUF's tokens (an empty one by llama.cpp's name for it), each text's id (a text twice:
+    the last id, as llama.cpp's map keeps) and the types llama.cpp works with."""
+    named = [text or f"[EMPTY_{i}]" for i, text in enumerate(tokens)]  # llama.cpp's name for ""
+    vocab = {text: i for i, text in enumerate(named)}
+    return named, vocab, llama_cpp_types(model, vocab, list(types or (NORMAL,) * len(named)), strict=strict)
 
 
 UNKNOWN_BYTE = "\x00ctx: a byte with no token\x00"  # never a token's text: its NULs are no GGUF token's
@@ -401,9 +409,7 @@ def gguf_tokenizer_json(model: Gguf, pre: PreTokenizer | None = None) -> dict[st
     pre = _supported(model) if pre is None else pre
     vocabulary = model.vocabulary()
     where = str(model.path)
-    tokens = [text or f"[EMPTY_{i}]" for i, text in enumerate(vocabulary.tokens)]  # llama.cpp's name for ""
-    vocab = {text: i for i, text in enumerate(tokens)}  # a text twice: the last id, as llama.cpp's map keeps
-    types = llama_cpp_types(model, vocab, list(vocabulary.token_types or (NORMAL,) * len(tokens)))
+    tokens, vocab, types = _llama_cpp_vocabulary(model, vocabulary.tokens, vocabulary.token_types)
     # A byte the vocabulary has no token for stays between its neighbours in llama.cpp (they
     # never merge across it) and then counts as nothing; `tokenizers` would drop it before
     # merging, joining them. It is kept as an unknown token of an id past the vocabulary's,
@@ -426,7 +432,7 @@ def gguf_tokenizer_json(model: Gguf, pre: PreTokenizer | None = None) -> dict[st
             "special": kind != USER_DEFINED,
         }
         for i, (text, kind) in enumerate(zip(tokens, types, strict=False))
-        if kind in (CONTROL, USER_DEFINED, UNKNOWN)
+        if kind in _ADDED
     ]
     splits = [
         {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False} for regex in pre.regexes
@@ -482,12 +488,13 @@ _FIM: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
 _ALWAYS_SHOWN = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss: user-defined
 
 
-def llama_cpp_types(model: Gguf, vocab: dict[str, int], types: list[int]) -> list[int]:
+def llama_cpp_types(model: Gguf, vocab: dict[str, int], types: list[int], *, strict: bool = True) -> list[int]:
     """The token types llama.cpp works with: the file's, with the changes llama.cpp makes by a
     token's text (an end-of-generation or fill-in-the-middle text becomes a control token;
     gpt-oss's channel tokens and, beside `<|return|>` and `<|call|>`, `<|end|>` user-defined;
     `</s>` ordinary beside `<|tool_response>`). Where llama.cpp's choice depends on the order
-    of its hash map (two candidates for one fill-in-the-middle token, not both control), refused."""
+    of its hash map (two candidates for one fill-in-the-middle token, not both control), refused
+    when `strict`; else both are taken as control tokens."""
     types = list(types)
 
     def control(text: str) -> None:
@@ -499,7 +506,7 @@ def llama_cpp_types(model: Gguf, vocab: dict[str, int], types: list[int]) -> lis
         if any(isinstance(i, int) and 0 <= i < len(types) for i in said):
             continue
         found = [text for text in texts if text in vocab]
-        if len(found) > 1 and any(types[vocab[text]] != CONTROL for text in found):
+        if strict and len(found) > 1 and any(types[vocab[text]] != CONTROL for text in found):
             message = f"llama.cpp picks one of {', '.join(found)} by its hash order; use --tokenizer server"
             raise ConfigError(str(model.path), "tokenizer.ggml.token_type", message)
         for text in found:

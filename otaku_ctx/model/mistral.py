@@ -86,6 +86,7 @@ def mistral_counter(path: Path) -> TokenCounter:
         specials=tokenizer.controls,
         bos=BOS,
         added=0,  # ctx's mistral formats write the BOS themselves
+        parses_specials=True,
     )
 
 

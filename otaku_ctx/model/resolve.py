@@ -102,16 +102,34 @@ def locate(use: str) -> ModelFiles:
     return ModelFiles(use, gguf=blob)
 
 
-def counter(spec: str, server: str = "", model: str = "") -> TokenCounter:
-    """A fresh counter for `[model] tokenizer`: a name of `tokens`' (cl100k_base, estimate),
-    "server" (the tokenize endpoint of the model server at `server`, for `model`), or a tokenizer file
-    or folder: a GGUF, a Hugging Face tokenizer.json (or a folder holding one), Mistral's
-    SentencePiece `*.model.v*` or Tekken `tekken*.json`."""
+def counter(spec: str, server: str = "", model: str = "", *, use: str = "") -> TokenCounter:
+    """A fresh counter for `[model] tokenizer`, made whole: a name of `tokens`' (cl100k_base,
+    estimate), "server" (the tokenize endpoint of the model server at `server`, for `model`), or
+    a tokenizer file or folder: a GGUF, a Hugging Face tokenizer.json (or a folder holding one),
+    Mistral's SentencePiece `*.model.v*` or Tekken `tekken*.json`.
+
+    With "server", `use` (`[model] use`, the model the server runs) adds the control tokens
+    the model's own file names: a server names few (llama.cpp its BOS and EOS, the others
+    none), and the text prompt must break up them all. A file's own counter knows its own."""
     if spec in TOKENIZERS:
         return make_counter(spec)
-    made = server_counter(server, model) if spec == "server" else _file_counter(Path(spec).expanduser())
-    made.parses_specials = True
-    return made
+    if spec == "server":
+        return server_counter(server, model, use=use)
+    return _file_counter(Path(spec).expanduser())
+
+
+def model_controls(use: str) -> tuple[str, ...]:
+    """The control tokens of the model `use` names (see `locate`), as its own tokenizer file's
+    counter names them (its `specials`). A GGUF's are read from its tokens and their types
+    alone (`hf.gguf_controls`): nothing converted, no merges read, any kind of tokenizer."""
+    path = Path(locate(use).tokenizer).expanduser()
+    if tokenizer_kind(path) == "gguf":
+        from .gguf import read_gguf
+        from .hf import gguf_controls
+
+        record_input(path)
+        return gguf_controls(read_gguf(path))
+    return _file_counter(path).specials
 
 
 def _file_counter(path: Path) -> TokenCounter:
@@ -163,10 +181,10 @@ def _holds_mistral(folder: Path) -> bool:
         return False
 
 
-def server_counter(server: str, model: str = "") -> TokenCounter:
+def server_counter(server: str, model: str = "", *, use: str = "") -> TokenCounter:
     """The counter of the model server at `server` (asked for `model`, where it serves many):
     its own tokenize endpoint, its counts kept in the user's cache so a rebuild asks only
-    for what is new."""
+    for what is new. `use`, the model it runs, adds its file's control tokens (`counter`)."""
     if not server:
         raise ConfigError(
             "model.tokenizer", None, 'tokenizer "server" needs the server: give --server URL or set [model] server'
@@ -174,7 +192,7 @@ def server_counter(server: str, model: str = "") -> TokenCounter:
     from ..locations import count_cache
     from .server import server_counter as of_server
 
-    return of_server(backend(server, model), count_cache())
+    return of_server(backend(server, model), count_cache(), model_controls(use) if use else ())
 
 
 def server_window(server: str, model: str = "") -> int | None:

@@ -31,11 +31,13 @@ class ServerCounter(TokenCounter):
     def __init__(self, backend: Backend, store: CountStore, name: str, specials: tuple[str, ...], bos: str) -> None:
         self.backend = backend
         self.store = store
-        added = self._added()
+        added = self._what_it_adds()
         # `bos`: the BOS the server adds itself, so a text prompt does not spell it too; none when it adds none
-        super().__init__(name, self._one, specials=specials, bos=bos if added else "", added=added)
+        super().__init__(
+            name, self._one, specials=specials, bos=bos if added else "", added=added, parses_specials=True
+        )
 
-    def _added(self) -> int:
+    def _what_it_adds(self) -> int:
         key = meta_key("added")
         found = self.store.get(key)
         if found is None:
@@ -68,17 +70,19 @@ class ServerCounter(TokenCounter):
         return [self(text) for text in texts]
 
 
-def server_counter(backend: Backend, cache_dir: Path) -> ServerCounter:
+def server_counter(backend: Backend, cache_dir: Path, controls: tuple[str, ...] = ()) -> ServerCounter:
     """The counter of the server `backend` talks to. Its name says the server, its kind and
     the model it serves (`server http://127.0.0.1:8080 (llama.cpp, SmolLM2-135M-Instruct.Q4_1.gguf)`);
     `specials` are the control tokens the server names (llama.cpp's `/props` BOS and EOS; the
-    others name none); `bos` its BOS text; `added` what it adds to a whole prompt. Raises the
-    backend's errors (down, no tokenize endpoint) before any counting."""
+    others name none), then the `controls` the model's own file names; `bos` its BOS text;
+    `added` what it adds to a whole prompt. Raises the backend's errors (down, no tokenize
+    endpoint) before any counting."""
     server = backend.server()
     if not server.counts:
         backend.count(PROBE)  # raises NoTokenizer, naming the server
     store = CountStore(cache_dir, server.identity)
-    specials = tuple(dict.fromkeys(t for t in (server.bos, server.eos) if t)) if server.kind == LLAMA_CPP else ()
+    named = (server.bos, server.eos) if server.kind == LLAMA_CPP else ()
+    specials = tuple(dict.fromkeys(t for t in (*named, *controls) if t))
     where = backend.transport.url(backend.root)
     name = f"server {where} ({server.kind}, {server.model})" if server.model else f"server {where} ({server.kind})"
     return ServerCounter(backend, store, name, specials, server.bos)
