@@ -2,7 +2,7 @@
 
     PYTHONPATH=<repo> python benchmarks/phases.py story.jsonl [--template serene] [--window 8192] ...
 
-Mirrors `otaku_ctx.build.build()` step by step with a clock around each step and prints one
+Mirrors `otaku_ctx.build.Pipeline.build()` step by step with a clock around each step and prints one
 JSON object: milliseconds for start-up (importing the CLI), the tokenizer, reading the story,
 the template (loading and compiling it, with the renderer), assembling, rendering, and the
 total. It calls ctx's internal functions, so when they change this may stop matching; bench.py
@@ -38,12 +38,9 @@ def main(argv: list[str]) -> int:
 
     start = clock
     import otaku_ctx.cli.app  # noqa: F401 - what every run pays before it does anything
-    from otaku_ctx.assemble import assemble
-    from otaku_ctx.build import budget_of, renderer_for, shape_of
+    from otaku_ctx.build import Pipeline
     from otaku_ctx.config import load_settings
-    from otaku_ctx.render.pricing import TemplatePricer
     from otaku_ctx.story.detect import read_story
-    from otaku_ctx.tokens import make_counter
 
     overrides = {}
     for key, value in (
@@ -57,18 +54,19 @@ def main(argv: list[str]) -> int:
             overrides[key] = (value, "benchmark")
     settings = load_settings(overrides=overrides)
     lap("start-up")
-    count = make_counter(settings.model.tokenizer)
-    count("warm up")
+    pipeline = Pipeline(settings)
+    pipeline.count("warm up")
     lap("tokenizer")
     story = read_story(args.story)
     lap("read")
-    budget = budget_of(story, settings, count)
-    renderer = renderer_for(story, settings, reserve=budget.reserve)
+    prepared = pipeline.prepare(story)
+    budget = pipeline.budget(story)
+    lore = pipeline.lore(prepared, budget)
     lap("template")
-    pricer = TemplatePricer(renderer, count)
-    assembly = assemble(story, shape_of(settings), budget.limit, pricer, reserve=budget.reserve)
+    attempt = pipeline.attempt(prepared, lore, budget)
+    assembly = attempt.assembly
     lap("assemble")
-    prompt = None if assembly.refusal else renderer.emitted(pricer.blocks(assembly))
+    prompt = pipeline.render(attempt).prompt
     lap("render")
     ms["total"] = round((time.perf_counter() - start) * 1000, 1)
     ms["case"] = assembly.case

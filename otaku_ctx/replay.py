@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .assemble import Assembly
-from .build import build
+from .build import Pipeline
 from .config import Settings
 from .errors import UsageError
 from .hbs.blocks import Block
@@ -244,18 +244,17 @@ def replay(
     """Build every turn of `story` with `settings` and measure each prompt against the one
     before. A turn's prompt is exactly `build(story_at(story, n), settings)`. With `bound`, the
     hindsight optimum over the same turns too (`Bound`)."""
-    from .build import counter_for, renderer_for
-
-    count = counter_for(settings)
-    renderer = renderer_for(story, settings, emit=emit)  # its format and emit form; no turn changes them
+    pipeline = Pipeline(settings, emit=emit)
+    count = pipeline.count
+    renderer = pipeline.prepare(story).renderer()  # its format and emit form; no turn changes them
     measure = _Measure(*_tokenizer(count), renderer.format, renderer.chat_counted)
-    optimum = Bound(settings, emit, count, measure) if bound else None
+    optimum = Bound(pipeline, measure) if bound else None
     turns: list[Turn] = []
     transitions: list[Transition] = []
     before: Tokens | None = None  # the previous prompt less its open turn
     for n in turn_numbers(len(story), first, last, every):
         at = story_at(story, n)
-        built = build(at, settings, emit=emit, count=count)
+        built = pipeline.build(at)
         a = built.assembly
         if a.refusal:
             whole: Tokens = []
@@ -315,8 +314,8 @@ class Bound:
     of the common prefixes of the neighbours between them, so a turn costs one comparison a
     prompt, not one a pair."""
 
-    def __init__(self, settings: Settings, emit: str, count: TokenCounter, measure: _Measure) -> None:
-        self.settings, self.emit, self.count, self.measure = settings, emit, count, measure
+    def __init__(self, pipeline: Pipeline, measure: _Measure) -> None:
+        self.pipeline, self.count, self.measure = pipeline, pipeline.count, measure
         self.measures: dict[tuple[int, int], _Measure] = {}  # a tokenizer per shape: each mostly repeats itself
         self.layers: list[list[_Node]] = []  # a turn's nodes; none when the policy refused it
         self.numbers: list[tuple[int, int]] = []  # each turn's message count and limit
@@ -340,27 +339,15 @@ class Bound:
 
     def candidates(self, at: Story) -> list[_Node]:
         from .assemble import classify
-        from .assemble.search import Search
-        from .assemble.stable import Stable
-        from .build import budget_of, choose_lore, policy_of, prepare, shape_of
-        from .render.pricing import TemplatePricer
 
-        # The turn's lore as the build chooses it (a build that must drop entries to fit is
-        # not followed: the policy's own prompt stands in the bound as a node of its own).
-        prepared = prepare(at, self.settings, emit=self.emit)
-        budget = budget_of(at, self.settings, self.count)
-        lore = choose_lore(prepared, self.count, budget.limit)
-        pricer = TemplatePricer(prepared.renderer(lore, budget.reserve, self.count), self.count)
-        shape = shape_of(self.settings)
-        search = Search(at, shape, budget.limit, budget.reserve, pricer)
         nodes: list[_Node] = []
-        for key, a in Stable(search, policy_of(self.settings).slack).fitting():
+        for key, a, pricer in self.pipeline.candidates(at):
             measure = self.measures.get(key)
             if measure is None:
                 m = self.measure
                 measure = self.measures[key] = _Measure(*_tokenizer(self.count), m.format, m.chat_form)
             whole, before = measure.forms(pricer.blocks(a))
-            case = classify(a, shape)
+            case = classify(a, self.pipeline.shape)
             tokens = len(whole) // measure.unit
             turn = Turn(len(at), case, a.tail_target, a.level, _covered(a), tokens, a.limit, 0, False)
             nodes.append(_Node(turn, self.pack(whole), self.pack(before)))

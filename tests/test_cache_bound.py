@@ -20,7 +20,7 @@ from test_properties import chained_stories, shapes
 from otaku_ctx.assemble import Policy, Shape, assemble
 from otaku_ctx.assemble.search import Search
 from otaku_ctx.assemble.stable import Stable
-from otaku_ctx.build import open_story, renderer_for
+from otaku_ctx.build import Pipeline, open_story, renderer_for
 from otaku_ctx.config import Settings, load_settings
 from otaku_ctx.render.pricing import TemplatePricer
 from otaku_ctx.replay import Bound, Replay, Turn, _Node, replay
@@ -116,7 +116,7 @@ def _bound(layers: list[list[str]]) -> Bound:
     """A bound over given prompts (characters as tokens; each prompt's last character is its open turn)."""
     settings_ = load_settings(overrides={"model.tokenizer": ("estimate", "test")})
     measure = type("M", (), {"encode": list, "chat_form": False, "unit": 1})()
-    bound = Bound(settings_, "text", make_counter("estimate"), measure)  # type: ignore[arg-type]
+    bound = Bound(Pipeline(settings_), measure)  # type: ignore[arg-type]
     for n, prompts in enumerate(layers, start=1):
         nodes = [_Node(Turn(n, 3, 50, 0, 1, len(p), 99, 0, False), p, p[:-1]) for p in prompts]
         bound.extend(nodes, n, 99)

@@ -9,6 +9,7 @@ may import, the same table docs/architecture.md draws. Imports inside functions 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,9 +41,11 @@ STAGES: dict[str, set[str]] = {
     "build": FOUNDATION | {"story", "lore", "assemble", "config", "hbs", "render", "backend", "model"},
     "replay": FOUNDATION | {"story", "assemble", "config", "hbs", "render", "build", "model"},  # assemble: the bound
     "report": FOUNDATION | {"story", "lore", "assemble", "render", "build", "model"},
+    # ctx serve: a chat request -> build -> the backend; summaries through summarize/
+    "serve": FOUNDATION | {"story", "config", "backend", "build", "summarize", "model", "render"},
     "cli": FOUNDATION
     | {"story", "lore", "assemble", "config", "hbs", "render", "build", "replay", "report", "backend", "summarize"}
-    | {"model", ""},
+    | {"model", "serve", ""},
     "__main__": {"status", "cli", ""},
     "": {"story", "lore", "assemble", "config", "hbs", "render", "build", "errors", "tokens"},  # the lazy public API
 }
@@ -148,8 +151,56 @@ def test_no_module_imports_another_modules_private_names(module: str) -> None:
 NETWORK = {"socket", "http", "urllib", "ssl", "asyncio", "requests", "httpx", "aiohttp"}
 
 
-@pytest.mark.parametrize("module", [m for m in MODULES if stage(m) != "backend"])
+# `ctx serve` is a server (aiohttp, on asyncio) and forwards its frontend's requests to the
+# user's model server, streamed: those two modules of it, and no other, touch the network.
+SERVING = {"otaku_ctx.serve.http", "otaku_ctx.serve.upstream"}
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if stage(m) != "backend" and m not in SERVING])
 def test_only_the_backend_opens_a_connection(module: str) -> None:
-    """ctx talks to a network only through backend/, and only to the server the user names."""
+    """ctx talks to a network only through backend/ (and `ctx serve`'s server and forwarding,
+    `SERVING`), and only to the server the user names."""
     found = sorted(t for t in imports(module) if t.split(".")[0] in NETWORK)
     assert not found, f"{module} imports {found}: a request to the model server goes through otaku_ctx.backend"
+
+
+def stage_table() -> str:
+    """docs/architecture.md's table of what each stage may import, drawn from `STAGES` (print it
+    with `python tests/test_layout.py`); the test below holds the two equal."""
+
+    def shown(name: str) -> str:
+        return "`otaku_ctx` (the public API)" if name == "" else f"`{name}`"
+
+    rows = ["| stage | may import |", "| --- | --- |"]
+    for name, allowed in STAGES.items():
+        may = ", ".join(shown(s) for s in STAGES if s in allowed) or "nothing of ours"
+        rows.append(f"| {shown(name)} | {may} |")
+    return "\n".join(rows) + "\n"
+
+
+def test_the_architecture_doc_draws_this_table() -> None:
+    doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    pasted = "docs/architecture.md's stage table differs from STAGES: paste `python tests/test_layout.py`"
+    assert stage_table() in doc, pasted
+
+
+def test_the_architecture_doc_names_only_files_that_exist() -> None:
+    """Every module and folder the doc names (`name.py`, `name/`) is in the package."""
+    doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    files = {p.name for p in PACKAGE.rglob("*.py")} | {p.name + "/" for p in PACKAGE.rglob("*") if p.is_dir()}
+    named = set(re.findall(r"(?<![\w/.])([a-z_]+(?:\.py|/))(?![\w])", doc))
+    missing = sorted(n for n in named if n not in files and not (REPO / n).exists())
+    assert not missing, f"docs/architecture.md names {missing}, which do not exist"
+
+
+def test_nothing_imports_builds_private_names() -> None:
+    """The pipeline object is build's interface: no module, test or benchmark reaches past it."""
+    pattern = re.compile(r"(?:from\s+(?:otaku_ctx|\.+)?\.?build\s+import[^\n]*\b_[a-z]\w*|\bbuild\._[a-z]\w*)")
+    sources = [*PACKAGE.rglob("*.py"), *(REPO / "tests").rglob("*.py"), *(REPO / "benchmarks").rglob("*.py")]
+    found = [str(p.relative_to(REPO)) for p in sources if p.name != "build.py" and pattern.search(p.read_text("utf-8"))]
+    found = [f for f in found if f != "tests/test_layout.py"]
+    assert not found, f"{found} import private names of otaku_ctx.build"
+
+
+if __name__ == "__main__":
+    print(stage_table(), end="")

@@ -166,17 +166,17 @@ class Request:
     def run(self) -> tuple[Built, Story]:
         """Read the story and build it: (the `Built` result, the `Story`). What the reader
         chose for the user (which conversation of many) is said on stderr."""
-        from ..build import build, counter_for
+        from ..build import Pipeline
 
         settings = self.settings()
         with progress(terminal()) as phase:
             # The tokenizer first: its load-time peak is then over before the story takes memory.
             phase("loading the tokenizer")
-            count = counter_for(settings)
+            pipeline = Pipeline(settings, emit=self.emit)
             phase(f"reading {self.story}")
             story = self.read_story()
             phase(f"building the prompt from {len(story):,} messages")
-            built = build(story, settings, emit=self.emit, count=count)
+            built = pipeline.build(story)
         for note in story.notes:
             terminal().say(f"ctx: {note}")
         for note in built.lore.notes:

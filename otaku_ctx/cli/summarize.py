@@ -56,7 +56,7 @@ def summarize_cmd(
 ) -> None:
     """Summarize STORY's scenes with your own model into STORY.ctx-summaries (the story file is
     never written); run it again to do only what is missing or stale."""
-    from ..build import counter_for, with_model
+    from ..build import Pipeline, with_model
     from ..story.sidecar import read_sidecar
     from ..summarize import plan_for, prompts_of, summarize
 
@@ -69,7 +69,7 @@ def summarize_cmd(
     )
     records = read_sidecar(sidecar) if sidecar.is_file() else []
     # counted as the configured model counts (`--tokenizer server`: as the summarizer's own server does)
-    prompts = prompts_of(settings.summarize, counter_for(with_model(settings)))
+    prompts = prompts_of(settings.summarize, Pipeline(with_model(settings)).count)
     if dry_run:
         _show_plan(story, sidecar, plan_for(told, records, prompts, settings.summarize, None), as_json)
         return

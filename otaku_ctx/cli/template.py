@@ -1,5 +1,5 @@
 """`ctx template`: what a template author needs — the variables a story gives a template, and
-a template's raw output for given variables. The core is `build.template_variables` and
+a template's raw output for given variables. The core is `build.Pipeline.variables` and
 `hbs.Template.render_raw`; this module only reads arguments and prints."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ template_app: typer.Typer = typer.Typer(no_args_is_help=True, help="Show a templ
 def vars_cmd(request: Request, story: StoryArg) -> None:
     """Print, as JSON, the variables the template sees for STORY's prompt (the assembly
     `ctx build` chooses with the same options)."""
-    from ..build import template_variables
+    from ..build import Pipeline
     from ..errors import ContextOverflow
     from ..report import refusal_message, remedy
 
@@ -30,10 +30,10 @@ def vars_cmd(request: Request, story: StoryArg) -> None:
     told = request.read_story()
     for note in told.notes:
         terminal().say(f"ctx: {note}")
-    built, variables = template_variables(told, settings)
+    built, variables = Pipeline(settings).variables(told)
     refusal = built.assembly.refusal
     if variables is None or refusal is not None:
-        assert refusal is not None  # template_variables gives no variables only for a refusal
+        assert refusal is not None  # a refusal alone has no variables
         a = built.assembly
         raise ContextOverflow(a, f"{story}: {refusal_message(refusal, built.budget, remedy(a, told, story))}")
     write_stdout(json.dumps(variables, ensure_ascii=False, indent=2) + "\n")

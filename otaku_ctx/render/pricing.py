@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import cached_property
 from typing import Any
 
 from ..assemble import Assembly, Part
@@ -23,6 +24,32 @@ from .emit import PromptRenderer
 # the reply. That is what `--emit messages` and `--emit openai-chat` are counted by.
 MESSAGE_OVERHEAD = 4
 REPLY_PRIMING = 3
+
+
+class Prices:
+    """Derived prices kept from one build to the next (a pipeline's every turn): a derived price
+    is a function of the stand-in render's pieces, the part's texts and the counter alone, so it
+    is keyed by exactly those — a changed frame renders other pieces, and so other keys. At most
+    `MOST` prices are kept; past that the memo starts again."""
+
+    MOST = 200_000
+
+    def __init__(self) -> None:
+        self.shapes: dict[tuple[bool, tuple[str, ...], tuple[str, ...]], int] = {}
+        self.prices: dict[tuple[int, str, str, str], int] = {}
+        # stand-in renders, keyed by everything a render reads (`TemplatePricer.frame`) and the parts
+        self.renders: dict[tuple[Any, ...], list[str]] = {}
+
+    def shape_id(self, chat: bool, old: list[str], new: list[str]) -> int:
+        key = (chat, tuple(old), tuple(new))
+        found = self.shapes.get(key)
+        if found is None:
+            if len(self.shapes) >= self.MOST:
+                self.shapes.clear()
+                self.prices.clear()
+                self.renders.clear()
+            found = self.shapes[key] = len(self.shapes)
+        return found
 
 
 class TemplatePricer:
@@ -44,10 +71,14 @@ class TemplatePricer:
     way; the assembler still takes the exact count of the prompt it chooses.
     """
 
-    def __init__(self, renderer: PromptRenderer, counter: TokenCounter, *, derive: bool = True) -> None:
+    def __init__(
+        self, renderer: PromptRenderer, counter: TokenCounter, *, derive: bool = True, prices: Prices | None = None
+    ) -> None:
         self.renderer = renderer
         self.count = counter
         self.derive = derive  # False: render every part (what the derived prices are tested against)
+        self.prices = prices or Prices()  # derived prices; a pipeline lends one that outlives a build
+        self._shape_ids: dict[tuple[Any, ...], int] = {}
         self._fixed: int | None = None
         self._opening: int | None = None
         self._cache: dict[tuple[str, Part], int] = {}
@@ -62,8 +93,32 @@ class TemplatePricer:
         key = (tuple(head), tuple(recap), tuple(tail))
         found = self._renders.get(key)
         if found is None:
-            found = self._renders[key] = self.pieces(self.renderer.render(head, recap, tail, anchored=False))
+            frame = self.frame
+            kept = None if frame is None else (frame, key)
+            found = self.prices.renders.get(kept) if kept is not None else None
+            if found is None:
+                found = self.pieces(self.renderer.render(head, recap, tail, anchored=False))
+                if kept is not None and len(self.prices.renders) < Prices.MOST:
+                    self.prices.renders[kept] = found
+            self._renders[key] = found
         return found
+
+    @cached_property
+    def frame(self) -> tuple[Any, ...] | None:
+        """Everything a stand-in render reads besides its parts: the template, the format, how the
+        renderer emits, and the variables that hold for every assembly of the story (an
+        unanchored render has nothing at a depth from the end). Two pricers with equal frames
+        render equal stand-ins; None when some part of it cannot be compared."""
+        r, v = self.renderer, self.renderer.variables
+        frame = (
+            r.template, r.format, r.emit, r.bound, r.specials, r.server_bos, r.chat_as_text, v.names, v.settings,
+            tuple(v.fixed.items()), tuple(v.open_turn.items()),
+        )  # fmt: skip
+        try:
+            hash(frame)
+        except TypeError:
+            return None
+        return frame
 
     def pieces(self, blocks: Sequence[Block]) -> list[str]:
         if self.renderer.chat_counted:
@@ -138,8 +193,6 @@ class TemplatePricer:
         values = {"text": entry["message"], "scene": str(entry["scene"]), "title": entry["title"]}
         if not self.derive or part.kind == "card" or not values["text"]:
             return None
-        if any(mark in value for value in values.values() for mark in _ALL_MARKS):
-            return None
         key = (part.kind, entry["role"], entry["name"], bool(entry["title"]), tuple(head), tuple(recap))
         if key not in self._shapes:
             self._shapes[key] = self._shape(part, head, recap)
@@ -147,7 +200,16 @@ class TemplatePricer:
         if shape is None:
             return None
         old, new = shape
-        return self._price(old, [_put(piece, 0, values) for piece in new])
+        shape_id = self._shape_ids.get(key)
+        if shape_id is None:
+            shape_id = self._shape_ids[key] = self.prices.shape_id(self.renderer.chat_counted, old, new)
+        memo = (shape_id, values["text"], values["scene"], values["title"])
+        price = self.prices.prices.get(memo)
+        if price is None:  # a kept price was derived from these texts, so they hold no stand-in mark
+            if any(mark in value for value in values.values() for mark in _ALL_MARKS):
+                return None
+            price = self.prices.prices[memo] = self._price(old, [_put(piece, 0, values) for piece in new])
+        return price
 
     def _shape(self, part: Part, head: list[Part], recap: list[Part]) -> tuple[list[str], list[str]] | None:
         """The render before the part and with a stand-in for it, when the stand-ins show
