@@ -19,7 +19,7 @@ from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from .assemble import CACHES
+from .assemble import CACHES, Policy, Shape
 from .errors import ConfigError, UsageError
 from .locations import config_path
 from .lore.rules import ENGINE_DEFAULTS, ENGINES, STRATEGIES, Engine, LoreRules, Strategy
@@ -77,6 +77,14 @@ class ContextSettings:
         "cache",
     )
     cache_slack: float = setting(0.03, "stable: share of the limit left free when the shape changes (0 to 1)", "share")
+
+    def shape(self) -> Shape:
+        """The seed's numbers, as the assembler takes them."""
+        return Shape(self.head_messages, self.min_tail_messages, self.tail_step, self.tail_floor)
+
+    def policy(self) -> Policy:
+        """How the assembler chooses among the candidates that fit."""
+        return Policy("stable" if self.cache == "stable" else "exact", self.cache_slack)
 
 
 @dataclass(frozen=True)
