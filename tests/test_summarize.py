@@ -91,7 +91,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, {"error": {"message": "response_format json_schema is not supported"}})
             return
         prompt = body["messages"][-1]["content"]
-        kind = "history" if "story so far" in prompt.lower() and "The scene:" not in prompt else "summary"
+        kind = "history" if prompt.startswith("Until now:") else "summary"
         numbers = [int(n) for n in FIRST.findall(prompt)]
         stand_in = self.server
         with stand_in.lock:
@@ -111,7 +111,7 @@ class _Handler(BaseHTTPRequestHandler):
             a, b = numbers[0], numbers[-1]
             text = json.dumps({"title": f"Scene {a}", "summary": f"In messages {a} to {b} the keeper and Mara talk."})
         elif stand_in.rolling:
-            earlier = prompt.split("The story so far:", 1)[1].split("The next scene (", 1)
+            earlier = prompt.split("Until now:", 1)[1].split("Then (", 1)
             text = json.dumps({"history": f"{earlier[0].strip()} | then {earlier[1].split(')', 1)[0]}"})
         else:
             text = json.dumps({"history": "So far the keeper and Mara have talked through many scenes."})
@@ -387,13 +387,21 @@ def test_a_server_that_refuses_json_schema_gets_json_object(tmp_path: Path, serv
     assert server.refused == 1 and set(kinds) == {"json_object"}  # asked once, then remembered
 
 
-def test_an_unusable_reply_is_asked_again_then_reported(tmp_path: Path, server: StandIn) -> None:
+def test_an_unusable_reply_is_asked_again_differently_then_reported(tmp_path: Path, server: StandIn) -> None:
+    """Each attempt asks differently (warmer, a looser form); a scene no reply would do for is
+    named, the other scenes are written, and the run exits 1."""
     chat = sillytavern_chat(tmp_path / "chat.jsonl", 120)
     server.replies = ['{"title": "x", "summary": ""}', "{}", "{"]
     code, _, err = summarize(chat, server)
-    assert code == 1 and len(server.bodies) == 3
-    assert err.count("\n") == 1 and server.url in err and "no usable summary" in err
-    assert not sidecar_for(chat).exists()  # nothing empty or garbage written
+    first = server.bodies[:3]
+    assert code == 1 and len({tuple(b["messages"][-1]["content"].split()[:3]) for b in first}) == 1
+    assert [b["temperature"] for b in first] == [0.2, 0.5, 0.8]
+    assert [(b.get("response_format") or {}).get("type") for b in first] == ["json_schema", "json_object", None]
+    scene = re.search(r"missing: messages (\d+)–(\d+): (.*)", err)
+    assert scene is not None and server.url in scene[3] and "no usable summary" in scene[3], err
+    written = read_sidecar(sidecar_for(chat))
+    assert written and int(scene[1]) not in {r.start for r in written}  # nothing empty or garbage written
+    assert all(r.start > int(scene[2]) for r in written) and not any(r.history for r in written)  # chain stops
 
 
 def test_the_server_unreachable_is_one_line_with_the_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

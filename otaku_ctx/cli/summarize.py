@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ..status import ExitStatus
 from .options import (
     AsJson,
     ConfigPath,
@@ -58,7 +59,7 @@ def summarize_cmd(
     never written); run it again to do only what is missing or stale."""
     from ..build import Pipeline, with_model
     from ..story.sidecar import read_sidecar
-    from ..summarize import plan_for, prompts_of, summarize
+    from ..summarize import Progress, plan_for, prompts_of, summarize
 
     given = {"url": url, "model": model, "window": window, "jobs": jobs}
     settings = settings_from(config, {f"summarize.{k}": (v, f"--{k}") for k, v in given.items() if v is not None})
@@ -73,9 +74,25 @@ def summarize_cmd(
     if dry_run:
         _show_plan(story, sidecar, plan_for(told, records, prompts, settings.summarize, None), as_json)
         return
-    with progress(terminal()) as phase:
-        chosen, report = summarize(told, sidecar, records, prompts, settings.summarize, lambda p: phase(_line(p)))
+    watched = Progress()
+    try:
+        with progress(terminal()) as phase:
+            chosen, report = summarize(
+                told, sidecar, records, prompts, settings.summarize, lambda p: phase(_line(p)), watched
+            )
+    except KeyboardInterrupt:
+        terminal().say(
+            f"ctx: interrupted: {_count(watched.done, 'request')} of {watched.total} done and saved in {sidecar};"
+            f" run `ctx summarize {story}` again to go on from there"
+        )
+        raise
+    finally:
+        if debug:
+            for line in watched.rejected:
+                terminal().say(f"ctx: rejected: {line}")
     _show_report(story, sidecar, chosen, report, as_json)
+    if report.missing:
+        raise typer.Exit(ExitStatus.ERROR)
 
 
 def _line(p: Progress) -> str:
@@ -150,7 +167,20 @@ def _show_report(story: str, sidecar: Path, chosen: Plan, report: Report, as_jso
         return
     covered = f", messages 1–{report.covered_to:,} covered" if report.covered_to else ""
     terminal().say(
-        f"{story}: {report.summaries} scenes summarized ({report.redone} redone), {report.histories} histories, "
-        f"{report.kept} up to date · {report.requests} requests, {report.tokens_in:,} tokens in, "
-        f"{report.tokens_out:,} out, {_duration(report.seconds)} · {report.scenes} scenes in {sidecar}{covered}"
+        f"{story}: {_count(report.summaries, 'scene')} summarized ({report.redone} redone), "
+        f"{_count(report.histories, 'history', 'histories')}, {report.kept} up to date · "
+        f"{_count(report.requests, 'request')}, {report.tokens_in:,} tokens in, {report.tokens_out:,} out, "
+        f"{_duration(report.seconds)} · {_count(report.scenes, 'scene')} in {sidecar}{covered}"
     )
+    for start, end, why in report.missing:
+        terminal().say(f"{story}: missing: messages {start:,}–{end:,}: {why}")
+    if report.missing:
+        terminal().say(
+            f"{story}: {_count(len(report.missing), 'scene')} could not be summarized; the rest are saved."
+            f" Run `ctx summarize {story}` again to try them (--debug shows each rejected reply)"
+        )
+
+
+def _count(n: int, one: str, many: str = "") -> str:
+    """`n` things, in the singular for one."""
+    return f"{n:,} {one if n == 1 else (many or one + 's')}"

@@ -90,12 +90,14 @@ def summarize(
     prompts: Prompts,
     s: SummarizeSettings,
     on_progress: Callable[[Progress], None] = lambda p: None,
+    progress: Progress | None = None,
 ) -> tuple[Plan, Report]:
-    """Summarize what the sidecar lacks, committing each finished scene to it atomically."""
+    """Summarize what the sidecar lacks, committing each finished scene to it atomically;
+    `progress` is filled as the run goes (what an interrupted run had done)."""
     backend = backend_of(s)
     chosen = plan_for(story, records, prompts, s, backend)
 
     def save(done: list[Record]) -> None:
         write_atomic(sidecar, sidecar_text(done))
 
-    return chosen, run(chosen, backend, prompts, save, on_progress=on_progress)
+    return chosen, run(chosen, backend, prompts, save, progress, on_progress)

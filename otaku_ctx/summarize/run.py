@@ -25,7 +25,8 @@ from ..errors import OtakuError
 from ..story.model import Scene, Story
 from ..story.sidecar import Record, covers, history_basis, judge, sha
 from ..tokens import TokenCounter
-from .prompts import Prompt
+from . import checks
+from .prompts import PLACEHOLDERS, Prompt
 from .replies import field_of, json_object
 from .spans import Cutting, Span, fitted, pack
 
@@ -33,6 +34,8 @@ DEFAULT_WINDOW = 8192  # when neither --window, the config nor the server says
 SPARE = 0.15  # of the window, kept free: the model's tokenizer may count more than ctx's
 PER_MESSAGE = 8  # tokens a chat template adds around each message, about
 TOKENS_PER_WORD = 2  # max_tokens asked per word wanted: room for any language, and the JSON
+TEMPERATURE_STEP = 0.3  # each attempt after the first asks this much warmer
+TOP_TEMPERATURE = 1.2
 
 
 class SummarizeError(OtakuError):
@@ -110,6 +113,23 @@ class Prompts:
 
     def tokens(self, messages: list[dict[str, str]]) -> int:
         return sum(self.count(m["content"]) + PER_MESSAGE for m in messages)
+
+    def instructions(self, prompt: Prompt) -> str:
+        """The prompt's own words, its placeholders left out: what a reply must not repeat."""
+        names = (*PLACEHOLDERS[prompt.kind][0], *PLACEHOLDERS[prompt.kind][1])
+        user = prompt.user
+        for name in names:
+            user = user.replace("{" + name + "}", " ")
+        return f"{prompt.system}\n{user}"
+
+    def summary_check(self, story: Story, span: Span) -> checks.Scene:
+        speakers = {m.name or "" for m in story.messages[span[0] - 1 : span[1]]}
+        speakers |= {m.card.name for m in story.messages[span[0] - 1 : span[1]] if m.card is not None}
+        return checks.Scene.of(scene_text(story, span), speakers, self.instructions(self.summary))
+
+    def history_check(self, story: Story, span: Span, summary: str, title: str) -> checks.Scene:
+        speakers = {m.name or "" for m in story.messages[span[0] - 1 : span[1]]}
+        return checks.Scene.of(f"{title}\n{summary}", speakers, self.instructions(self.history))
 
     def summary_messages(self, story: Story, span: Span) -> list[dict[str, str]]:
         values = {"scene": scene_text(story, span), "summary_words": str(self.options.summary_words)}
@@ -222,12 +242,20 @@ class Progress:
     requests: int = 0
     started: float = field(default_factory=time.monotonic)
     phase: str = ""
+    # the planned requests' prompt tokens, in all and of those done: the ETA weighs each request
+    # by them (a scene's request takes many times a history's)
+    work: int = 0
+    worked: int = 0
+    rejected: list[str] = field(default_factory=list)  # each reply a check turned down, for --debug
 
     @property
     def eta(self) -> float | None:
         if not self.done or self.done >= self.total:
             return None
-        return (time.monotonic() - self.started) / self.done * (self.total - self.done)
+        elapsed = time.monotonic() - self.started
+        if self.work > 0 and 0 < self.worked < self.work:
+            return elapsed / self.worked * (self.work - self.worked)
+        return elapsed / self.done * (self.total - self.done)
 
 
 @dataclass(frozen=True)
@@ -242,9 +270,12 @@ class Report:
     seconds: float
     scenes: int  # in the sidecar now
     covered_to: int  # the last message a scene covers (0: none)
+    missing: tuple[tuple[int, int, str], ...] = ()  # (start, end, why) of each scene no reply would do
 
     def facts(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        facts = dict(self.__dict__)
+        facts["missing"] = [{"start": a, "end": b, "why": why} for a, b, why in self.missing]
+        return facts
 
 
 class Asker:
@@ -259,7 +290,7 @@ class Asker:
         self.mode = 0
         self.lock = threading.Lock()
 
-    def _format(self, name: str, words: int) -> Mapping[str, Any] | None:
+    def _format(self, name: str, words: int, mode_index: int) -> Mapping[str, Any] | None:
         schema = {
             "type": "object",
             "properties": {name: {"type": "string", "minLength": 1, "maxLength": words * 12}},
@@ -268,32 +299,48 @@ class Asker:
         if name == "summary":
             schema["properties"] = {"title": {"type": "string", "maxLength": 120}, **schema["properties"]}  # type: ignore[dict-item]
             schema["required"] = ["title", "summary"]
-        mode = self.MODES[self.mode]
+        mode = self.MODES[mode_index]
         if mode == "json_schema":
             return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
         if mode == "json_object":
             return {"type": "json_object", "schema": schema}
         return None
 
-    def ask(self, messages: list[dict[str, str]], name: str, words: int, max_tokens: int, what: str) -> tuple[str, str]:
-        """(the usable text of field `name`, the reply's title when it has one)."""
+    def ask(
+        self,
+        messages: list[dict[str, str]],
+        name: str,
+        words: int,
+        max_tokens: int,
+        what: str,
+        scene: checks.Scene,
+        also: str = "",
+    ) -> tuple[str, str]:
+        """(the text of field `name` that passes the checks, the reply's title when one passes).
+        Each attempt asks differently: the temperature a step higher, and the reply's form one
+        step looser (JSON schema, then any JSON object, then prose that ctx reads)."""
         extra = {"repeat_penalty": self.options.repeat_penalty} if self.options.repeat_penalty > 0 else None
         last = ""
         tries = 0
         while tries < self.options.attempts:
-            response_format = self._format(name, words)
+            with self.lock:
+                mode = max(self.mode, min(tries, len(self.MODES) - 1))
+            temperature = min(TOP_TEMPERATURE, self.options.temperature + TEMPERATURE_STEP * tries)
             try:
                 reply = self.backend.chat(
                     messages,
                     max_tokens=max_tokens,
-                    temperature=self.options.temperature,
-                    response_format=response_format,
+                    temperature=temperature,
+                    response_format=self._format(name, words, mode),
                     extra=extra,
                 )
             except FormatRefused:
                 with self.lock:
                     if self.mode < len(self.MODES) - 1 and self.MODES[self.mode] != "plain":
                         self.mode += 1
+                    refused_all = mode >= len(self.MODES) - 1
+                if refused_all:
+                    raise
                 continue
             tries += 1
             with self.lock:
@@ -301,10 +348,17 @@ class Asker:
                 self.progress.tokens_in += reply.prompt_tokens or 0
                 self.progress.tokens_out += reply.completion_tokens or 0
             text = field_of(reply.text, name)
-            if text:
+            why = "no usable text" if not text else checks.rejected(name, text, scene, also)
+            if text and why is None:
                 title = (json_object(reply.text) or {}).get("title")
-                return text, title.strip() if isinstance(title, str) else ""
+                title = title.strip() if isinstance(title, str) else ""
+                if title and checks.rejected("title", title, scene) is not None:
+                    self.progress.rejected.append(f"{what}: title {title!r} rejected; the default one stands")
+                    title = ""
+                return text, title
             last = " ".join(reply.text.split())[:80]
+            with self.lock:
+                self.progress.rejected.append(f"{what}: attempt {tries}: {why}: {last!r}")
         raise SummarizeError(
             f"{self.backend.url}: {what}: {tries} replies held no usable {name} (the last: {last!r}); "
             "run again, or try another model"
@@ -327,6 +381,7 @@ def run(
     story, options = plan.story, prompts.options
     progress = progress or Progress()
     progress.total = len(plan.requests)
+    progress.work = sum(r.prompt_tokens for r in plan.requests)
     asker = Asker(backend, options, progress)
     records: dict[int, Record] = {r.start: r for r in plan.kept}
     model = backend.model
@@ -336,9 +391,8 @@ def run(
 
     def summarize(span: Span) -> Record:
         what = f"scene of messages {span[0]:,}–{span[1]:,}"
-        summary, title = asker.ask(
-            prompts.summary_messages(story, span), "summary", options.summary_words, options.summary_tokens, what
-        )
+        messages, check = prompts.summary_messages(story, span), prompts.summary_check(story, span)
+        summary, title = asker.ask(messages, "summary", options.summary_words, options.summary_tokens, what, check)
         return Record(
             id=0,
             start=span[0],
@@ -352,8 +406,9 @@ def run(
         )
 
     started = time.monotonic()
-    summaries = _summaries(plan, summarize, records, commit, options.jobs, progress, on_progress, prompts)
-    histories = _histories(plan, records, asker, prompts, commit, progress, on_progress)
+    missing: list[tuple[int, int, str]] = []
+    summaries = _summaries(plan, summarize, records, commit, options.jobs, progress, on_progress, missing)
+    histories = _histories(plan, records, asker, prompts, commit, progress, on_progress, missing)
     ordered = sorted(records.values(), key=lambda r: r.start)
     return Report(
         summaries=summaries,
@@ -366,6 +421,7 @@ def run(
         seconds=round(time.monotonic() - started, 3),
         scenes=len(ordered),
         covered_to=ordered[-1].end if ordered else (story.scenes[-1].end if story.scenes else 0),
+        missing=tuple(sorted(missing)),
     )
 
 
@@ -384,10 +440,12 @@ def _summaries(
     jobs: int,
     progress: Progress,
     on_progress: Callable[[Progress], None],
-    prompts: Prompts,
+    missing: list[tuple[int, int, str]],
 ) -> int:
     """The scenes' summaries, `jobs` requests at once; each one committed as it finishes, and
-    only then is the next request handed out. A span the server finds too long is cut in two."""
+    only then is the next request handed out. A span the server finds too long is cut in two; a
+    scene no reply would do for is put in `missing`, and the run goes on with the others."""
+    weight = {r.span: r.prompt_tokens for r in plan.requests if r.kind == "summary"}
     pending: deque[Span] = deque(plan.spans)
     jobs_q: queue.Queue[Span | None] = queue.Queue()
     results: queue.Queue[tuple[Span, Record | BaseException]] = queue.Queue()
@@ -417,6 +475,12 @@ def _summaries(
                 pending.extendleft([(middle + 1, span[1]), (span[0], middle)])
                 progress.total += 2 if plan.histories_from is not None else 1  # a summary more, and its history
                 continue
+            progress.worked += weight.get(span, 0)
+            if isinstance(outcome, SummarizeError):
+                missing.append((span[0], span[1], str(outcome)))
+                progress.done += 1
+                on_progress(progress)
+                continue
             if isinstance(outcome, BaseException):
                 raise outcome
             records[outcome.start] = outcome
@@ -439,12 +503,17 @@ def _histories(
     commit: Callable[[], None],
     progress: Progress,
     on_progress: Callable[[Progress], None],
+    missing: list[tuple[int, int, str]],
 ) -> int:
     """Each history from the first stale one on, in story order: the previous history and this
-    scene's summary rolled into the new story so far (the first of a story is its summary)."""
+    scene's summary rolled into the new story so far (the first of a story is its summary). The
+    chain stops at the first scene without a summary, or whose history no reply would do for:
+    a history after it would leave that scene out."""
     if plan.histories_from is None:
         return 0
     story, options = plan.story, prompts.options
+    weight = {r.span: r.prompt_tokens for r in plan.requests if r.kind == "history"}
+    gap = min((a for a, _, _ in missing), default=None)
     previous: Scene | Record | None = story.scenes[-1] if story.scenes else None
     rolled = 0
     for start in sorted(records):
@@ -452,15 +521,26 @@ def _histories(
         if start < plan.histories_from:
             previous = record
             continue
+        if gap is not None and start > gap:
+            break
         if previous is None:
             history = record.summary
         else:
-            messages = prompts.history_messages(rolled_from(story, previous), record.summary, record.title)
+            earlier = rolled_from(story, previous)
+            messages = prompts.history_messages(earlier, record.summary, record.title)
             what = f"the history through messages {record.start:,}–{record.end:,}"
             progress.phase = f"rolling {what}"
             on_progress(progress)
-            history, _ = asker.ask(messages, "history", options.history_words, options.history_tokens, what)
-            progress.done += 1
+            check = prompts.history_check(story, (record.start, record.end), record.summary, record.title)
+            words, tokens = options.history_words, options.history_tokens
+            try:
+                history, _ = asker.ask(messages, "history", words, tokens, what, check, also=earlier)
+            except SummarizeError as error:
+                missing.append((record.start, record.end, str(error)))
+                break
+            finally:
+                progress.done += 1
+                progress.worked += weight.get((record.start, record.end), 0)
         record = replace(record, history=history, history_from=history_basis(previous), summary_sha=sha(record.summary))
         records[start] = record
         commit()

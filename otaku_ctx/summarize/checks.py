@@ -1,0 +1,135 @@
+"""Whether a reply is about its scene, before a word of it is written to the sidecar.
+
+A small model sometimes echoes the prompt (its instructions, a placeholder), loops (one line or
+phrase over and over), or writes about something else entirely. Any of those, written as a
+summary, would stand in every later prompt as "what happened". Each part of a reply — the
+summary, the title, the history — is checked against the scene and the prompt it answers:
+
+- not empty;
+- not a loop: no line makes up half of the lines (of three or more), and no phrase of four
+  words covers more than a third of the text;
+- not the prompt's own words: at most a third of its five-word phrases occur in the prompt's
+  instructions (a title: not mostly the instructions' words);
+- about the scene (a summary or a history): it names one of the scene's speakers or named
+  characters, when the scene has any, and at least a fifth of its content words occur in the
+  scene (for a history: in the scene or the story so far it was rolled from).
+
+`rejected` says why a text fails, or None. The rule is docs/summaries.md's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+WORD = re.compile(r"\w+(?:['’]\w+)*", re.UNICODE)
+NAME = re.compile(r"\b[A-Z][\w'’-]+", re.UNICODE)
+# Words that tell nothing of a scene: too common to count as the scene's own.
+STOPWORDS = frozenset(
+    """a about after again all also an and any are as at be because been before being but by can
+    could did do does each even ever every for from had has have he her here hers him his how i if
+    in into is it its just like made make many may me more most much must my never no not now of
+    off on once one only or other our out over own said same she should so some still such than
+    that the their them then there these they this those through to too under until up upon very
+    was we were what when where which while who whom why will with would you your scene story
+    summary history recap""".split()
+)
+LOOP_LINE_SHARE = 0.5  # one line this share of the lines (of 3 or more) is a loop
+LOOP_PHRASE = 4  # words in a phrase whose repeats are counted
+LOOP_PHRASE_SHARE = 1 / 3  # repeats of one phrase covering this share of the words is a loop
+ECHO_PHRASE = 5  # words in a phrase looked for in the prompt
+ECHO_SHARE = 1 / 3  # this share of a text's phrases found in the prompt is an echo
+SCENE_WORD_SHARE = 0.2  # at least this share of the content words must occur in the scene
+SHORT = 12  # a text of fewer words than this is judged by its words, not its phrases
+
+
+@dataclass(frozen=True)
+class Scene:
+    """What a reply is checked against: the scene's text, its speakers' and named characters'
+    names, and the prompt's instructions (the prompt less the scene it shows)."""
+
+    text: str
+    names: frozenset[str]
+    instructions: str
+
+    @classmethod
+    def of(cls, text: str, speakers: Iterable[str], instructions: str) -> Scene:
+        """A scene's speakers, and the capitalised words of its text that are no sentence's first
+        (a named character, a place), by their lower-case form."""
+        names = {s.lower() for s in speakers if s}
+        for match in NAME.finditer(text):
+            before = text[: match.start()].rstrip()
+            if before and before[-1] not in '.!?:\n]"“\'‘':
+                names.add(match[0].lower())
+        return cls(text, frozenset(names - STOPWORDS), instructions)
+
+
+def words(text: str) -> list[str]:
+    return [w.lower() for w in WORD.findall(text)]
+
+
+def phrases(items: Sequence[str], n: int) -> list[tuple[str, ...]]:
+    return [tuple(items[i : i + n]) for i in range(len(items) - n + 1)]
+
+
+def looping(text: str) -> str | None:
+    """Why `text` is a degenerate loop, or None."""
+    lines = [" ".join(line.split()).lower() for line in text.splitlines() if line.strip()]
+    if len(lines) >= 3:
+        line, times = Counter(lines).most_common(1)[0]
+        if times >= 3 and times / len(lines) >= LOOP_LINE_SHARE:
+            return f"one line repeated {times} times ({line[:40]!r})"
+    found = words(text)
+    grams = phrases(found, LOOP_PHRASE)
+    if len(grams) >= 8:
+        gram, times = Counter(grams).most_common(1)[0]
+        if times >= 3 and times * LOOP_PHRASE / len(found) > LOOP_PHRASE_SHARE:
+            return f"the phrase {' '.join(gram)!r} repeated {times} times"
+    return None
+
+
+def echoing(text: str, instructions: str) -> str | None:
+    """Why `text` is mostly the prompt's own words, or None."""
+    found, said = words(text), words(instructions)
+    if not found or not said:
+        return None
+    if len(found) < SHORT:  # a title, a placeholder: judged by its content words
+        content = [w for w in found if w not in STOPWORDS]
+        own = set(said)
+        if not content or all(w in own for w in content):
+            return "it is the prompt's own words"
+        return None
+    grams = phrases(found, ECHO_PHRASE)
+    known = set(phrases(said, ECHO_PHRASE))
+    copied = sum(g in known for g in grams)
+    if grams and copied / len(grams) > ECHO_SHARE:
+        return f"{copied} of its {len(grams)} phrases are the prompt's instructions"
+    return None
+
+
+def off_scene(text: str, scene: Scene, also: str = "") -> str | None:
+    """Why `text` is not about the scene (`also`: other text it may draw on), or None."""
+    found = words(text)
+    if scene.names and not any(w in scene.names for w in found):
+        return "it names no one of the scene"
+    content = [w for w in found if w not in STOPWORDS and not w.isdigit() and len(w) > 2]
+    if not content:
+        return "it holds no word of the scene"
+    known = set(words(scene.text)) | set(words(also))
+    share = sum(w in known for w in content) / len(content)
+    if share < SCENE_WORD_SHARE:
+        return f"only {share:.0%} of its words occur in the scene"
+    return None
+
+
+def rejected(kind: str, text: str, scene: Scene, also: str = "") -> str | None:
+    """Why the `kind` part ("summary", "history" or "title") of a reply cannot be written, or
+    None when it can."""
+    if not text.strip():
+        return "it is empty"
+    reason = looping(text) or echoing(text, scene.instructions)
+    if reason is None and kind != "title":
+        reason = off_scene(text, scene, also)
+    return reason

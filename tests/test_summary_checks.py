@@ -1,0 +1,88 @@
+"""A reply is checked against its scene before it is written (summarize/checks.py): the junk a
+small model really sent (issue 27, SmolLM2-135M behind llama-server) is rejected, a plain
+summary of the scene is not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from otaku_ctx.config import SummarizeSettings
+from otaku_ctx.story.model import Message, Story
+from otaku_ctx.summarize import prompts_of
+from otaku_ctx.summarize.checks import looping, rejected
+from otaku_ctx.summarize.replies import field_of
+from otaku_ctx.tokens import make_counter
+
+LINES = [
+    ("user", "Mara", "I climb the last of the stairs. Is the lamp still lit, Keeper?"),
+    ("assistant", "Keeper", "Keeper Alder wipes the glass. 'Lit since your father's day. Sit, the logbook waits.'"),
+    ("user", "Mara", "I open the logbook at the page with the torn corner and read the name Ilya aloud."),
+    ("assistant", "Keeper", "The old man goes still. 'Ilya rowed out the night the bell rang. He never came back.'"),
+]
+STORY = Story(
+    path=Path("scene.jsonl"),
+    messages=tuple(Message(i, role, text, name) for i, (role, name, text) in enumerate(LINES, start=1)),
+)  # fmt: skip
+PROMPTS = prompts_of(SummarizeSettings(), make_counter("estimate"))
+SCENE = PROMPTS.summary_check(STORY, (1, 4))
+GOOD = (
+    "Mara climbs to the lamp room, where Keeper Alder keeps the lamp lit. In the logbook she finds the name "
+    "Ilya, and the Keeper tells her Ilya rowed out the night the bell rang and never came back."
+)
+
+
+def verdict(reply: str, kind: str = "summary") -> str | None:
+    """Why the `kind` field of `reply` is not written, as the summarizer judges it (None: written)."""
+    text = field_of(reply, kind)
+    if not text:
+        return "no usable text"
+    if kind == "history":
+        return rejected(kind, text, PROMPTS.history_check(STORY, (1, 4), GOOD, "The logbook"), also="")
+    return rejected(kind, text, SCENE)
+
+
+def test_a_summary_of_the_scene_is_written() -> None:
+    assert verdict(json.dumps({"title": "The logbook", "summary": GOOD})) is None
+    assert rejected("title", "The logbook", SCENE) is None
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        # issue 27's scene 1: the old prompt's instructions, returned as the summary
+        "The recap of this scene only, in the order things happened, at most 400 words. Once the scene scrolls "
+        "out of the model's view, this summary is all that is left of it: someone who never read the scene must "
+        "be able to continue the story from it.",
+        # issue 27's scene 2: words about the format, naming no one
+        "A few words about the recap: 1) The story ends with a summary of the whole scene; 2) You can read the "
+        "entire story in one JSON object. 3) Nothing else is needed.",
+        # the bundled example's answer with no repeat penalty: one line, about 100 times
+        "The Last of the Redcaps:\n" * 100,
+        "The Last of the Redcaps: " * 100,
+        # and the film it then wrote about
+        "The Last of the Redcaps is a 2019 science fiction film written and directed by Michael Cera.",
+    ],
+)
+def test_the_junk_a_small_model_sent_is_rejected(reply: str) -> None:
+    assert verdict(json.dumps({"title": "T", "summary": reply})) is not None
+
+
+def test_the_copied_placeholder_object_is_rejected() -> None:
+    copied = '{ "title": "A few words naming the scene", "summary": "The recap" }'
+    assert verdict(copied) is not None
+    assert rejected("title", "The recap", SCENE) is not None
+
+
+def test_the_history_placeholder_is_rejected() -> None:
+    assert verdict('{"history": "the new story so far"}', "history") is not None
+    good = f"{GOOD} Mara stays the night in the tower."
+    assert verdict(json.dumps({"history": good}), "history") is None
+
+
+def test_a_loop_is_named_and_prose_is_not_a_loop() -> None:
+    assert "repeated" in (looping("The Last of the Redcaps:\n" * 100) or "")
+    assert looping(GOOD) is None
+    assert looping("She waits.\nHe waits.\nThe tide comes in.") is None
