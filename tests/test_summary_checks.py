@@ -4,8 +4,10 @@ summary of the scene is not."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -86,3 +88,41 @@ def test_a_loop_is_named_and_prose_is_not_a_loop() -> None:
     assert "repeated" in (looping("The Last of the Redcaps:\n" * 100) or "")
     assert looping(GOOD) is None
     assert looping("She waits.\nHe waits.\nThe tide comes in.") is None
+
+
+def test_the_eta_halfway_is_within_30_percent_of_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server whose time is proportional to the prompt (as a real one's prefill is): a scene's
+    request takes many times a history's. Once half the planned prompt tokens are done, the ETA
+    is within ±30 % of the time the rest then really takes (a clock of the test's own)."""
+    from otaku_ctx.backend import Reply
+    from otaku_ctx.summarize import Cutting, Options, Progress, Prompts, plan, run
+
+    lines = [("user" if i % 2 else "assistant", "Mara" if i % 2 else "Keeper", LINES[i % 4][2]) for i in range(240)]
+    story = Story(Path("s.jsonl"), tuple(Message(i, r, t, n) for i, (r, n, t) in enumerate(lines, start=1)))
+    options = Options(cutting=Cutting(settle=10, min_chars=1500, min_messages=10))
+    prompts = Prompts(PROMPTS.summary, PROMPTS.history, options, make_counter("estimate"))
+    chosen = plan(story, [], prompts, 8192, "test")
+    assert {r.kind for r in chosen.requests} == {"summary", "history"}
+    now = [0.0]
+    clock = importlib.import_module("otaku_ctx.summarize.run")
+    monkeypatch.setattr(clock, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    seen: list[tuple[float, float | None, int, int]] = []
+
+    class Server:
+        url, model = "http://stand-in/v1", "stand-in"
+
+        def chat(self, messages: list[dict[str, str]], **_: object) -> Reply:
+            now[0] += sum(len(m["content"]) for m in messages) / 1000  # a second per 1,000 characters
+            if "Until now:" in messages[-1]["content"]:
+                return Reply(json.dumps({"history": GOOD}), "stop", 1, 1)
+            return Reply(json.dumps({"title": "The logbook", "summary": GOOD}), "stop", 1, 1)
+
+    progress = Progress(started=0.0)  # on the test's clock
+
+    def watch(p: Progress) -> None:
+        seen.append((now[0], p.eta, p.worked, p.work))
+
+    run(chosen, Server(), prompts, lambda records: None, progress, watch)  # type: ignore[arg-type]
+    halfway = next(s for s in seen if s[2] * 2 >= s[3] and s[1] is not None)
+    left = now[0] - halfway[0]
+    assert halfway[1] is not None and abs(halfway[1] - left) <= 0.3 * left, (halfway, left)

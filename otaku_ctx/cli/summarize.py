@@ -4,7 +4,10 @@ the sidecar beside the story; a progress bar on a terminal, the report line at t
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -76,7 +79,7 @@ def summarize_cmd(
         return
     watched = Progress()
     try:
-        with progress(terminal()) as phase:
+        with progress(terminal()) as phase, _ticking(lambda: phase(_line(watched))):
             chosen, report = summarize(
                 told, sidecar, records, prompts, settings.summarize, lambda p: phase(_line(p)), watched
             )
@@ -93,6 +96,28 @@ def summarize_cmd(
     _show_report(story, sidecar, chosen, report, as_json)
     if report.missing:
         raise typer.Exit(ExitStatus.ERROR)
+
+
+@contextmanager
+def _ticking(show: Callable[[], None]) -> Iterator[None]:
+    """`show` once a second while the block runs, so the elapsed time moves between requests
+    (a scene's request may take minutes); only for a person at a terminal."""
+    if not terminal().stderr_tty:
+        yield
+        return
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(1.0):
+            show()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
 
 
 def _line(p: Progress) -> str:

@@ -61,7 +61,7 @@ class Scene:
         names = {s.lower() for s in speakers if s}
         for match in NAME.finditer(text):
             before = text[: match.start()].rstrip()
-            if before and before[-1] not in '.!?:\n]"“\'‘':
+            if before and before[-1] not in ".!?:\n]\"“'‘":
                 names.add(match[0].lower())
         return cls(text, frozenset(names - STOPWORDS), instructions)
 

@@ -242,8 +242,8 @@ class Progress:
     requests: int = 0
     started: float = field(default_factory=time.monotonic)
     phase: str = ""
-    # the planned requests' prompt tokens, in all and of those done: the ETA weighs each request
-    # by them (a scene's request takes many times a history's)
+    # prompt tokens, of the requests done and of all (the rest as expected): the ETA weighs each
+    # request by them, since a scene's request takes many times a history's (`Expected`)
     work: int = 0
     worked: int = 0
     rejected: list[str] = field(default_factory=list)  # each reply a check turned down, for --debug
@@ -365,6 +365,46 @@ class Asker:
         )
 
 
+class Expected:
+    """The prompt tokens of the requests still to come, as the run has measured them so far: a
+    scene's request is known exactly from the plan; a history's holds the story so far and a
+    summary that do not exist yet, so it is expected at the size of the ones written so far (at
+    the plan's bound until there are some). `progress.work` is kept at what is done plus that."""
+
+    def __init__(self, plan: Plan, prompts: Prompts, progress: Progress) -> None:
+        self.prompts, self.progress = prompts, progress
+        self.scenes = {r.span: r.prompt_tokens for r in plan.requests if r.kind == "summary"}
+        self.histories_left = sum(r.kind == "history" for r in plan.requests)
+        self.bound = max((r.prompt_tokens for r in plan.requests if r.kind == "history"), default=0)
+        self.empty = prompts.tokens(prompts.history_messages("", "", ""))
+        self.summaries: list[int] = []
+        self.written: list[int] = []  # the histories' own lengths
+        self.update()
+
+    def summary_done(self, span: Span, record: Record | None) -> None:
+        self.progress.worked += self.scenes.pop(span, 0)
+        if record is not None:
+            self.summaries.append(self.prompts.count(record.summary) + self.prompts.count(record.title))
+        self.update()
+
+    def history_done(self, prompt_tokens: int, history: str) -> None:
+        self.progress.worked += prompt_tokens
+        self.histories_left = max(0, self.histories_left - 1)
+        self.written.append(self.prompts.count(history))
+        self.update()
+
+    def history(self) -> int:
+        if not self.summaries:
+            return self.bound
+        summary = sum(self.summaries) / len(self.summaries)
+        earlier = sum(self.written) / len(self.written) if self.written else summary
+        return min(self.bound, round(self.empty + earlier + summary))
+
+    def update(self) -> None:
+        left = sum(self.scenes.values()) + self.histories_left * self.history()
+        self.progress.work = self.progress.worked + left
+
+
 Save = Callable[[list[Record]], None]
 
 
@@ -381,7 +421,7 @@ def run(
     story, options = plan.story, prompts.options
     progress = progress or Progress()
     progress.total = len(plan.requests)
-    progress.work = sum(r.prompt_tokens for r in plan.requests)
+    expected = Expected(plan, prompts, progress)
     asker = Asker(backend, options, progress)
     records: dict[int, Record] = {r.start: r for r in plan.kept}
     model = backend.model
@@ -407,8 +447,8 @@ def run(
 
     started = time.monotonic()
     missing: list[tuple[int, int, str]] = []
-    summaries = _summaries(plan, summarize, records, commit, options.jobs, progress, on_progress, missing)
-    histories = _histories(plan, records, asker, prompts, commit, progress, on_progress, missing)
+    summaries = _summaries(plan, summarize, records, commit, options.jobs, progress, on_progress, missing, expected)
+    histories = _histories(plan, records, asker, prompts, commit, progress, on_progress, missing, expected)
     ordered = sorted(records.values(), key=lambda r: r.start)
     return Report(
         summaries=summaries,
@@ -441,11 +481,11 @@ def _summaries(
     progress: Progress,
     on_progress: Callable[[Progress], None],
     missing: list[tuple[int, int, str]],
+    expected: Expected,
 ) -> int:
     """The scenes' summaries, `jobs` requests at once; each one committed as it finishes, and
     only then is the next request handed out. A span the server finds too long is cut in two; a
     scene no reply would do for is put in `missing`, and the run goes on with the others."""
-    weight = {r.span: r.prompt_tokens for r in plan.requests if r.kind == "summary"}
     pending: deque[Span] = deque(plan.spans)
     jobs_q: queue.Queue[Span | None] = queue.Queue()
     results: queue.Queue[tuple[Span, Record | BaseException]] = queue.Queue()
@@ -475,7 +515,7 @@ def _summaries(
                 pending.extendleft([(middle + 1, span[1]), (span[0], middle)])
                 progress.total += 2 if plan.histories_from is not None else 1  # a summary more, and its history
                 continue
-            progress.worked += weight.get(span, 0)
+            expected.summary_done(span, None if isinstance(outcome, BaseException) else outcome)
             if isinstance(outcome, SummarizeError):
                 missing.append((span[0], span[1], str(outcome)))
                 progress.done += 1
@@ -504,6 +544,7 @@ def _histories(
     progress: Progress,
     on_progress: Callable[[Progress], None],
     missing: list[tuple[int, int, str]],
+    expected: Expected,
 ) -> int:
     """Each history from the first stale one on, in story order: the previous history and this
     scene's summary rolled into the new story so far (the first of a story is its summary). The
@@ -512,7 +553,6 @@ def _histories(
     if plan.histories_from is None:
         return 0
     story, options = plan.story, prompts.options
-    weight = {r.span: r.prompt_tokens for r in plan.requests if r.kind == "history"}
     gap = min((a for a, _, _ in missing), default=None)
     previous: Scene | Record | None = story.scenes[-1] if story.scenes else None
     rolled = 0
@@ -540,7 +580,7 @@ def _histories(
                 break
             finally:
                 progress.done += 1
-                progress.worked += weight.get((record.start, record.end), 0)
+            expected.history_done(prompts.tokens(messages), history)
         record = replace(record, history=history, history_from=history_basis(previous), summary_sha=sha(record.summary))
         records[start] = record
         commit()
