@@ -50,6 +50,7 @@ Kind = Literal[
     "switch",
     "flag",
     "seconds",
+    "patterns",
 ]
 
 
@@ -206,17 +207,49 @@ class SummarizeSettings:
     temperature: float = setting(0.2, "the sampling temperature of every request", "factor")
     repeat_penalty: float = setting(0.0, "llama.cpp's repeat_penalty, sent when > 0 (1.1 for small models)", "factor")
     attempts: int = setting(3, "tries for a reply with a usable summary before it is reported", "count", least=1)
+    scene_breaks: tuple[str, ...] = setting(
+        (), "patterns of a time skip opening a message (a scene cut); empty: English ones", "patterns"
+    )
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """`[serve]`: `ctx serve`, the OpenAI-compatible server between the user's frontend and their
+    model server (docs/serve.md)."""
+
+    backend: str = setting("", "the model server's OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1", "text")
+    host: str = setting("127.0.0.1", "the address to listen on; any other than loopback needs api_key_env", "text")
+    port: int = setting(8765, "the port to listen on; 0: any free port", "count")
+    model: str = setting("", 'the "model" sent to the backend; empty: the request\'s own', "text")
+    api_key_env: str = setting(
+        "", "the NAME of the environment variable holding the key clients must send; empty: none", "text"
+    )
+    backend_key_env: str = setting(
+        "", "the NAME of the environment variable holding the backend's API key; empty: none", "text"
+    )
+    summarize: bool = setting(True, "write scene summaries in the background while no request waits", "flag")
+    timeout: float = setting(300.0, "seconds to wait for the backend's reply (between streamed chunks)", "seconds")
+    connect_timeout: float = setting(10.0, "seconds to wait for a connection to the backend", "seconds")
+    max_body: int = setting(64 << 20, "the largest request body accepted, in bytes (413 beyond)", "count", least=1024)
+    chat_messages: int = setting(2, "the opening messages that, with the system frame, identify a chat", "count")
+    shutdown: float = setting(60.0, "on SIGTERM, seconds in-flight replies get to finish", "seconds")
 
 
 SECTIONS: dict[
     str,
-    type[ContextSettings] | type[PromptSettings] | type[ModelSettings] | type[LoreSettings] | type[SummarizeSettings],
+    type[ContextSettings]
+    | type[PromptSettings]
+    | type[ModelSettings]
+    | type[LoreSettings]
+    | type[SummarizeSettings]
+    | type[ServeSettings],
 ] = {
     "context": ContextSettings,
     "prompt": PromptSettings,
     "model": ModelSettings,
     "lore": LoreSettings,
     "summarize": SummarizeSettings,
+    "serve": ServeSettings,
 }
 
 
@@ -235,6 +268,7 @@ class Settings:
     model: ModelSettings = ModelSettings()
     lore: LoreSettings = LoreSettings()
     summarize: SummarizeSettings = SummarizeSettings()
+    serve: ServeSettings = ServeSettings()
     sources: Mapping[str, str] = field(default_factory=dict)
     given: frozenset[str] = frozenset()
     path: Path | None = None  # the file that was read, if any
@@ -315,6 +349,19 @@ def _files(c: _Check) -> tuple[str, ...]:
     return tuple(str(base / Path(v).expanduser()) if base else str(Path(v).expanduser()) for v in value)
 
 
+def _patterns(c: _Check) -> tuple[str, ...]:
+    """Regular expressions, each one checked here (a typo is named now, not mid-run)."""
+    value = [c.value] if isinstance(c.value, str) else c.value
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) and v for v in value):
+        raise c.wrong("a list of regular expressions")
+    for pattern in value:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise c.wrong(f"regular expressions; {pattern!r} is not one ({exc})") from None
+    return tuple(value)
+
+
 def _seconds(c: _Check) -> float:
     v = c.value
     if isinstance(v, str):  # from a flag
@@ -361,6 +408,7 @@ CHECKS: dict[str, Callable[[_Check], Any]] = {
     "factor": _factor,
     "share": _share,
     "files": _files,
+    "patterns": _patterns,
     "text": _text,
     "seconds": _seconds,
     "cache": _one_of(CACHES),
@@ -417,6 +465,7 @@ def load_settings(
         model=ModelSettings(**values["model"]),
         lore=LoreSettings(**values["lore"]),
         summarize=SummarizeSettings(**values["summarize"]),
+        serve=ServeSettings(**values["serve"]),
         sources=sources,
         given=frozenset(overrides or ()),
         path=read,

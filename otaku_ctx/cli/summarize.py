@@ -156,6 +156,7 @@ def _show_plan(story: str, sidecar: Path, chosen: Plan, as_json: bool) -> None:
             "end": r.span[1],
             "prompt_tokens": r.prompt_tokens,
             "max_tokens": r.max_tokens,
+            **({"cut": r.cut} if r.kind == "summary" else {}),
         }
         for r in chosen.requests
     ]
@@ -179,11 +180,19 @@ def _show_plan(story: str, sidecar: Path, chosen: Plan, as_json: bool) -> None:
     ]
     for r in chosen.requests:
         bound = "at most " if r.kind == "history" else ""
+        cut = f" · {_cut(r.cut)}" if r.cut else ""
         lines.append(
             f"  {r.kind:<7} messages {r.span[0]:,}–{r.span[1]:,}: {bound}{r.prompt_tokens:,} prompt tokens, "
-            f"max_tokens {r.max_tokens:,}"
+            f"max_tokens {r.max_tokens:,}{cut}"
         )
     write_stdout("\n".join(lines) + "\n")
+
+
+def _cut(why: str) -> str:
+    """Why a scene ends where it does, in words: by size, before a break the story marks, …"""
+    if why == "size":
+        return "cut by size"
+    return f"cut before {why}" if why.startswith("a ") else why
 
 
 def _show_report(story: str, sidecar: Path, chosen: Plan, report: Report, as_json: bool) -> None:

@@ -28,7 +28,7 @@ from ..tokens import TokenCounter
 from . import checks
 from .prompts import PLACEHOLDERS, Prompt
 from .replies import field_of, json_object
-from .spans import Cutting, Span, fitted, pack
+from .spans import Cutting, Span, fitted, pack, why_cut
 
 DEFAULT_WINDOW = 8192  # when neither --window, the config nor the server says
 SPARE = 0.15  # of the window, kept free: the model's tokenizer may count more than ctx's
@@ -71,6 +71,7 @@ class Planned:
     span: Span
     prompt_tokens: int
     max_tokens: int
+    cut: str = ""  # a summary's: why its scene ends where it does
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,7 @@ def plan(story: Story, records: list[Record], prompts: Prompts, window: int, win
     cursor = story.scenes[-1].end if story.scenes else 0
     kept: list[Record] = []
     wanted: list[Span] = []
+    stale_spans: set[Span] = set()
     redone = 0
 
     def cut(first: int, last: int, *, alone: bool) -> None:
@@ -172,6 +174,7 @@ def plan(story: Story, records: list[Record], prompts: Prompts, window: int, win
             kept.append(record)
         else:
             wanted.append((record.start, record.end))
+            stale_spans.add((record.start, record.end))
             redone += 1
         cursor = record.end
     cut(cursor + 1, limit, alone=False)
@@ -180,8 +183,16 @@ def plan(story: Story, records: list[Record], prompts: Prompts, window: int, win
         return prompts.tokens(prompts.summary_messages(story, span)) + options.summary_tokens <= usable
 
     spans: list[Span] = []
+    cuts: dict[Span, str] = {}
     for span in wanted:
+        if span in stale_spans:
+            why = "a stale scene, redone over its messages"
+        elif span[1] == limit:
+            why = f"the newest {cutting.settle} messages settle first"
+        else:
+            why = why_cut(story.messages, span[1], cutting)
         for piece in fitted(span, fits):
+            cuts[piece] = why if piece[1] == span[1] else "cut smaller to fit the window"
             if not fits(piece):
                 need = prompts.tokens(prompts.summary_messages(story, piece)) + options.summary_tokens
                 raise SummarizeError(
@@ -196,7 +207,8 @@ def plan(story: Story, records: list[Record], prompts: Prompts, window: int, win
     new_starts = {a for a, _ in spans}
     histories_from = next((r.start for r in after if r.start in new_starts or r.start not in judged.history_ok), None)
     requests = [
-        Planned("summary", s, prompts.tokens(prompts.summary_messages(story, s)), options.summary_tokens) for s in spans
+        Planned("summary", s, prompts.tokens(prompts.summary_messages(story, s)), options.summary_tokens, cuts[s])
+        for s in spans
     ]
     empty = prompts.tokens(prompts.history_messages("", "", ""))
     previous: Scene | Record | None = story.scenes[-1] if story.scenes else None
