@@ -53,6 +53,7 @@ class StandIn(ThreadingHTTPServer):
         self.in_flight = self.most = self.gather = 0
         self.gathered = threading.Condition(self.lock)
         self.first_last = False  # the scene starting at message 1 is answered after another one
+        self.since = 0  # ... of the log from this entry on
         self.rolling = False  # a history names the history it was rolled from, then the scene
 
     @property
@@ -103,7 +104,9 @@ class _Handler(BaseHTTPRequestHandler):
             if not stand_in.gathered.wait_for(lambda: stand_in.most >= stand_in.gather, timeout=60):
                 stand_in.gather = 0  # they never came together: the test fails on `most`, and does not wait again
             if stand_in.first_last and kind == "summary" and numbers[0] == 1:
-                stand_in.gathered.wait_for(lambda: any(k == "summary" and n != 1 for k, n in stand_in.log), timeout=60)
+                stand_in.gathered.wait_for(  # a later scene of this run (not of an earlier one) answered first
+                    lambda: any(k == "summary" and n != 1 for k, n in stand_in.log[stand_in.since :]), timeout=60
+                )
         time.sleep(stand_in.delay)
         if scripted is not None:
             text = scripted
@@ -282,7 +285,7 @@ def test_jobs_sends_that_many_scenes_at_once_and_the_sidecar_ends_as_with_one(tm
     one = written("one")
     assert server.most == 1
     server.most, server.gather, server.first_last = 0, 4, True
-    asked = len(server.log)
+    asked = server.since = len(server.log)
     four = written("four", "--jobs", "4")
     assert server.most == 4  # four at once, never more
     summaries = [start for kind, start in server.log[asked:] if kind == "summary"]
@@ -295,19 +298,28 @@ def test_jobs_sends_that_many_scenes_at_once_and_the_sidecar_ends_as_with_one(tm
 # -- staleness --------------------------------------------------------------------------------
 
 
-def test_editing_one_early_message_makes_that_scene_and_later_histories_stale(tmp_path: Path, server: StandIn) -> None:
+@pytest.mark.parametrize("edit", ["a word", "a rewrite"])
+def test_editing_one_early_message_makes_that_scene_and_later_histories_stale(
+    tmp_path: Path, server: StandIn, edit: str
+) -> None:
+    """A word changed (a typo fixed) leaves the scene's summary in the build, with a warning; a
+    message rewritten leaves it out. Either way ctx summarize redoes it, and the histories after."""
     chat = sillytavern_chat(tmp_path / "chat.jsonl", 300)
     assert summarize(chat, server)[0] == 0
     records = read_sidecar(sidecar_for(chat))
     second = records[1]
     lines = chat.read_text(encoding="utf-8").splitlines()
     row = json.loads(lines[second.start + 1])  # a message inside scene 2 (line 1 is the header)
-    row["mes"] = row["mes"].replace("lamp", "lantern")
+    row["mes"] = row["mes"].replace("lamp", "lantern") if edit == "a word" else "Rewritten. " * 60
     lines[second.start + 1] = json.dumps(row)
     chat.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    code, _, err = run("build", str(chat), "--window", "8192")
+    code, out, err = run("build", str(chat), "--window", "8192")
     assert f"scene {second.id} (messages {second.start:,}–{second.end:,}) stale" in err
-    assert "histories of scenes" in err
+    if edit == "a word":  # the build builds
+        assert code == 0 and "a small edit" in err and "with the histories after them" in err
+        assert second.summary in out
+    else:  # left out: the chain stops there (at this window, a refusal)
+        assert "left out" in err and "histories of scenes" in err and second.summary not in out
     code, _, err = run("validate", str(chat))
     assert code == 0 and "stale" in err
     asked = len(server.log)

@@ -11,7 +11,9 @@ story has. Each line is a native scene line plus `ctx`, its provenance:
      "history_from": {"scene": 3, "sha": "sha256:…"} | null}}
 
 `covers` hashes the covered messages' text, so an edited, deleted or inserted message makes
-the scene stale. A history was rolled from the history before it (`history_from`, `null`
+the scene stale; `sketch` (each message's length and a short hash) tells a small edit from a
+rewrite: a scene only touched (`touched`) is stale for `ctx summarize`, which redoes it, while
+a build still uses its summary, and says so. A history was rolled from the history before it (`history_from`, `null`
 for none) and this scene's summary (`summary_sha`): when either changed since, the history
 is stale, and so is every history after it.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,7 +30,7 @@ from typing import Any
 
 from ..errors import StoryError
 from ..files import read_input, utf8_text
-from .model import Scene, Story
+from .model import Message, Scene, Story
 
 SUFFIX = ".ctx-summaries"
 
@@ -42,10 +45,46 @@ def sha(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def _row(m: Message) -> list[Any]:
+    return [m.role, m.name or "", m.content, m.card.name if m.card else None]
+
+
 def covers(story: Story, start: int, end: int) -> str:
     """The hash of messages start..end as the story holds them now (role, name, text, card)."""
-    rows = [[m.role, m.name or "", m.content, m.card.name if m.card else None] for m in story.messages[start - 1 : end]]
+    rows = [_row(m) for m in story.messages[start - 1 : end]]
     return sha(json.dumps(rows, ensure_ascii=False))
+
+
+def sketch(story: Story, start: int, end: int) -> tuple[str, ...]:
+    """Each of messages start..end as its length and a short hash ("412:9f2c0a1b"): enough to
+    tell a small edit of a scene (a typo fixed) from a rewrite, without keeping its text."""
+    return tuple(
+        f"{len(m.content)}:{sha(json.dumps(_row(m), ensure_ascii=False))[7:15]}"
+        for m in story.messages[start - 1 : end]
+    )
+
+
+# A scene is only touched — a typo fixed, a few words changed — when it holds as many messages
+# as it did, at most one in `TOUCHED_MESSAGES` of them (at least one) changed, and its text's
+# length moved by at most `TOUCHED_SHARE` of it (at least `TOUCHED_CHARS` characters). Its
+# summary then still tells the scene: a build uses it, and says it is stale.
+TOUCHED_MESSAGES = 10
+TOUCHED_SHARE = 0.05
+TOUCHED_CHARS = 40
+
+
+def touched(story: Story, record: Record, start: int) -> bool:
+    """Whether `record`'s scene, now at `start`, changed only a little since it was summarized."""
+    end = start + record.end - record.start
+    if not record.sketch or start < 1 or end > len(story.messages) or len(record.sketch) != end - start + 1:
+        return False
+    now = sketch(story, start, end)
+    changed = [(old, new) for old, new in zip(record.sketch, now, strict=True) if old != new]
+    if not changed or len(changed) > max(1, len(now) // TOUCHED_MESSAGES):
+        return False
+    length = sum(len(m.content) for m in story.messages[start - 1 : end])
+    moved = sum(abs(int(old.split(":", 1)[0]) - int(new.split(":", 1)[0])) for old, new in changed)
+    return moved <= max(TOUCHED_CHARS, TOUCHED_SHARE * length)
 
 
 @dataclass(frozen=True)
@@ -64,6 +103,7 @@ class Record:
     summary_sha: str = ""
     history_from: dict[str, Any] | None = None
     line: int | None = field(default=None, compare=False)
+    sketch: tuple[str, ...] = ()  # each covered message's length and short hash (`sketch`)
 
     def line_text(self) -> str:
         data: dict[str, Any] = {
@@ -81,6 +121,7 @@ class Record:
                 "made": self.made,
                 "summary_sha": self.summary_sha,
                 "history_from": self.history_from,
+                **({"sketch": list(self.sketch)} if self.sketch else {}),
             },
         }
         return json.dumps(data, ensure_ascii=False)
@@ -125,6 +166,13 @@ def _record(path: Path, number: int, obj: Any) -> Record:
     given_ctx = obj.get("ctx")
     ctx: dict[str, Any] = given_ctx if isinstance(given_ctx, dict) else {}
     given = ctx.get("history_from")
+    drawn = ctx.get("sketch")
+    span = obj["end"] - obj["start"] + 1
+    fits = (
+        isinstance(drawn, list)
+        and len(drawn) == span
+        and all(isinstance(d, str) and SKETCH.fullmatch(d) for d in drawn)
+    )
     return Record(
         id=scene_id,
         start=obj["start"],
@@ -138,25 +186,43 @@ def _record(path: Path, number: int, obj: Any) -> Record:
         summary_sha=str(ctx.get("summary_sha", "")),
         history_from=given if isinstance(given, dict) else None,
         line=number,
+        sketch=tuple(drawn) if fits else (),  # a sketch that is not one is no sketch: the scene is judged by its hash
     )
+
+
+SKETCH = re.compile(r"\d{1,9}:[0-9a-f]{8}")
 
 
 @dataclass(frozen=True)
 class Judged:
     """The sidecar's records against the story as it is now. `fresh`: records whose messages
     are unchanged (in story order, after the story's own scenes, none overlapping);
-    `history_ok`: the starts of the fresh records whose history is up to date; `stale`:
-    records whose messages changed (or are gone); `dropped`: records overlapping the story's
-    own scenes or an earlier record."""
+    `history_ok`: the starts of the fresh and touched records whose history is up to date;
+    `stale`: records whose messages changed (or are gone); `touched`: records whose messages
+    changed only a little (`touched`), still used by a build and redone by `ctx summarize`;
+    `dropped`: records overlapping the story's own scenes or an earlier record."""
 
     fresh: tuple[Record, ...] = ()
     history_ok: frozenset[int] = frozenset()
     stale: tuple[Record, ...] = ()
     dropped: tuple[Record, ...] = ()
+    touched: tuple[Record, ...] = ()
+
+    @property
+    def usable(self) -> tuple[Record, ...]:
+        """The records a build uses: the fresh and the touched, in story order."""
+        return tuple(sorted((*self.fresh, *self.touched), key=lambda r: r.start))
 
     def notes(self, shown: str) -> list[str]:
         """What a build should say on stderr about what it leaves out."""
         said: list[str] = []
+        if self.touched:
+            which = ", ".join(f"{r.id} (messages {r.start:,}–{r.end:,})" for r in self.touched)
+            said.append(
+                f"{shown}: scene{'s' * (len(self.touched) > 1)} {which} stale: a small edit since "
+                "they were summarized; used as they are, with the histories after them"
+                " (ctx summarize will refresh them)"
+            )
         if self.stale:
             which = ", ".join(f"{r.id} (messages {r.start:,}–{r.end:,})" for r in self.stale)
             said.append(
@@ -205,6 +271,7 @@ def judge(story: Story, records: Sequence[Record]) -> Judged:
     fresh: list[Record] = []
     stale: list[Record] = []
     dropped: list[Record] = []
+    little: list[Record] = []
     history_ok: set[int] = set()
     shift, looks = 0, MOST_LOOKS
     for record in records:
@@ -213,6 +280,9 @@ def judge(story: Story, records: Sequence[Record]) -> Judged:
             continue
         now, tried = _found(story, record, shift, looks)
         looks -= tried
+        edited = now is None and touched(story, record, record.start + shift)
+        if edited:
+            now = shift
         if now is None:
             stale.append(replace(record, start=record.start + shift, end=record.end + shift))
             chain_ok = False
@@ -234,9 +304,9 @@ def judge(story: Story, records: Sequence[Record]) -> Judged:
             history_ok.add(record.start)
         else:
             chain_ok = False
-        fresh.append(record)
+        (little if edited else fresh).append(record)
         previous, after = record, record.end
-    return Judged(tuple(fresh), frozenset(history_ok), tuple(stale), tuple(dropped))
+    return Judged(tuple(fresh), frozenset(history_ok), tuple(stale), tuple(dropped), tuple(little))
 
 
 def _found(story: Story, record: Record, shift: int, looks: int) -> tuple[int | None, int]:
@@ -261,7 +331,7 @@ def with_sidecar(story: Story, records: Sequence[Record], shown: str) -> Story:
     notes saying what was left out and why."""
     judged = judge(story, records)
     scenes = list(story.scenes)
-    for record in judged.fresh:
+    for record in judged.usable:
         scenes.append(
             Scene(
                 order=len(scenes) + 1,

@@ -23,7 +23,7 @@ from typing import Any
 from ..backend import Backend, ContextTooLong, FormatRefused
 from ..errors import OtakuError
 from ..story.model import Scene, Story
-from ..story.sidecar import Record, covers, history_basis, judge, sha
+from ..story.sidecar import Record, covers, history_basis, judge, sha, sketch
 from ..tokens import TokenCounter
 from . import checks
 from .prompts import PLACEHOLDERS, Prompt
@@ -152,7 +152,7 @@ def plan(story: Story, records: list[Record], prompts: Prompts, window: int, win
     usable = usable_tokens(window)
     judged = judge(story, records)
     fresh = {r.start: r for r in judged.fresh}
-    stale = {r.start: r for r in judged.stale}
+    stale = {r.start: r for r in (*judged.stale, *judged.touched)}  # a touched scene is redone too
     n = len(story.messages)
     limit = n - cutting.settle
     cursor = story.scenes[-1].end if story.scenes else 0
@@ -452,6 +452,7 @@ def run(
             title=title or f"Messages {span[0]:,}–{span[1]:,}",
             summary=summary,
             covers=covers(story, *span),
+            sketch=sketch(story, *span),
             model=model,
             made=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             summary_sha=sha(summary),
