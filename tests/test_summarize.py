@@ -483,3 +483,44 @@ def test_story_text_in_a_prompt_is_sent_as_it_is() -> None:
     scene = "Mara: the sign says {summary_words} and {title} and {scene}"
     (user,) = [m["content"] for m in prompt.messages({"scene": scene, "summary_words": "400"}) if m["role"] == "user"]
     assert scene in user and "400" in user
+
+
+# -- ctx scenes --------------------------------------------------------------------------------
+
+
+def test_scenes_lists_shows_and_redoes_one_scene(tmp_path: Path, server: StandIn) -> None:
+    """The review without editing JSONL: every scene with its status and a line of it; a
+    summary written by hand that fails the scene check is `rejected`; `--show` prints one
+    whole; `--redo` asks the server for exactly that scene and the histories after it, and
+    keeps every other scene as it was (a hand edit too)."""
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 300)
+    assert summarize(chat, server)[0] == 0
+    sidecar = sidecar_for(chat)
+    records = read_sidecar(sidecar)
+    lines = sidecar.read_text(encoding="utf-8").splitlines()
+    hand = json.loads(lines[2])
+    hand["summary"] = "The recap of this scene only, in the order things happened."  # junk, by hand
+    lines[2] = json.dumps(hand)
+    kept = json.loads(lines[0])
+    kept["summary"] = "Mara and the Keeper watch the tide come in; written by hand."  # a good hand edit
+    lines[0] = json.dumps(kept)
+    sidecar.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    code, out, _ = run("scenes", str(chat))
+    assert code == 0
+    statuses = {int(line.split()[0]): line.split()[2] for line in out.splitlines() if line.split()[0] != "-"}
+    assert statuses[hand["id"]] == "rejected" and statuses[kept["id"]] == "fresh"
+    assert set(statuses.values()) == {"fresh", "rejected"} and len(statuses) == len(records)
+    code, out, _ = run("scenes", str(chat), "--show", str(hand["id"]))
+    assert code == 0 and "rejected (it is the prompt's own words)" in out and hand["summary"] in out
+    code, _, err = run("scenes", str(chat), "--show", "99")
+    assert code == 2 and "no scene '99'" in err
+    asked = len(server.log)
+    code, _, err = run("scenes", str(chat), "--redo", str(hand["id"]), "--url", server.url, "--model", "stand-in")
+    assert code == 0, err
+    redone = server.log[asked:]
+    assert [e for e in redone if e[0] == "summary"] == [("summary", hand["start"])]
+    after = read_sidecar(sidecar)
+    assert after[0].summary == kept["summary"]  # the hand edit stands
+    assert next(r for r in after if r.start == hand["start"]).summary != hand["summary"]
+    code, out, _ = run("scenes", str(chat), "--json")
+    assert {row["status"] for row in json.loads(out)} == {"fresh"}

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -31,7 +32,10 @@ from .options import (
 from .terminal import progress, terminal, write_stdout
 
 if TYPE_CHECKING:
-    from ..summarize import Plan, Progress, Report
+    from ..config import Settings
+    from ..story.model import Story
+    from ..story.sidecar import Record
+    from ..summarize import Plan, Progress, Prompts, Report
 
 Url = Annotated[str | None, typer.Option("--url", metavar="URL", help="The server's OpenAI-compatible base URL.")]
 Model = Annotated[str | None, typer.Option("--model", metavar="NAME", help="The model to ask (the server's name).")]
@@ -60,28 +64,67 @@ def summarize_cmd(
 ) -> None:
     """Summarize STORY's scenes with your own model into STORY.ctx-summaries (the story file is
     never written); run it again to do only what is missing or stale."""
-    from ..build import Pipeline, with_model
-    from ..story.sidecar import read_sidecar
-    from ..summarize import Progress, plan_for, prompts_of, summarize
+    from ..summarize import plan_for
 
+    s = summoned_from(story, summaries, url, model, window, jobs, source_format, conversation, config, max_story_size)
+    if dry_run:
+        _show_plan(s.story, s.sidecar, plan_for(s.told, s.records, s.prompts, s.settings.summarize, None), as_json)
+        return
+    summarize_run(s, as_json=as_json, debug=debug)
+
+
+def summoned_from(
+    story: str, summaries: str | None, url: str | None, model: str | None, window: int | None, jobs: int | None,
+    source_format: Any, conversation: int | None, config: str | None, max_story_size: str | None,
+) -> Summoned:  # fmt: skip
+    """The options a summarizing command shares, read: the settings with `--url`, `--model`,
+    `--window` and `--jobs` on top, the story, its sidecar, the prompts."""
     given = {"url": url, "model": model, "window": window, "jobs": jobs}
     settings = settings_from(config, {f"summarize.{k}": (v, f"--{k}") for k, v in given.items() if v is not None})
     story = named(story, "STORY", "an empty path; name the story file")
-    sidecar = _sidecar(story, named(summaries, "--summaries", "an empty path; name a summaries file"))
-    told = read_story(
-        story, source_format.value if source_format else None, (), conversation, story_bound(max_story_size), "none"
-    )
+    sidecar = named(summaries, "--summaries", "an empty path; name a summaries file")
+    fmt = source_format.value if source_format else None
+    return summoned(story, sidecar, settings, fmt, conversation, max_story_size)
+
+
+@dataclass(frozen=True)
+class Summoned:
+    """What a command that runs the summarizer read: the story as named and as read, its
+    sidecar and the records in it, the prompts, the settings."""
+
+    story: str
+    sidecar: Path
+    told: Story
+    records: list[Record]
+    prompts: Prompts
+    settings: Settings
+
+
+def summoned(story: str, sidecar_given: str, settings: Settings, source_format: str | None,
+             conversation: int | None, max_story_size: str | None) -> Summoned:  # fmt: skip
+    """Read what a summarizing command needs (`ctx summarize`, `ctx scenes`)."""
+    from ..build import Pipeline, with_model
+    from ..story.sidecar import read_sidecar
+    from ..summarize import prompts_of
+
+    sidecar = _sidecar(story, sidecar_given)
+    told = read_story(story, source_format, (), conversation, story_bound(max_story_size), "none")
     records = read_sidecar(sidecar) if sidecar.is_file() else []
     # counted as the configured model counts (`--tokenizer server`: as the summarizer's own server does)
     prompts = prompts_of(settings.summarize, Pipeline(with_model(settings)).count)
-    if dry_run:
-        _show_plan(story, sidecar, plan_for(told, records, prompts, settings.summarize, None), as_json)
-        return
+    return Summoned(story, sidecar, told, records, prompts, settings)
+
+
+def summarize_run(s: Summoned, *, as_json: bool, debug: bool, redo: frozenset[int] = frozenset()) -> None:
+    """Run the summarizer with a progress bar, say what it did, exit 1 when a scene is missing."""
+    from ..summarize import Progress, summarize
+
+    story, sidecar = s.story, s.sidecar
     watched = Progress()
     try:
         with progress(terminal()) as phase, _ticking(lambda: phase(_line(watched))):
             chosen, report = summarize(
-                told, sidecar, records, prompts, settings.summarize, lambda p: phase(_line(p)), watched
+                s.told, sidecar, s.records, s.prompts, s.settings.summarize, lambda p: phase(_line(p)), watched, redo
             )
     except KeyboardInterrupt:
         terminal().say(

@@ -69,18 +69,24 @@ def backend_of(s: SummarizeSettings) -> Backend:
 
 
 def plan_for(
-    story: Story, records: list[Record], prompts: Prompts, s: SummarizeSettings, backend: Backend | None
+    story: Story,
+    records: list[Record],
+    prompts: Prompts,
+    s: SummarizeSettings,
+    backend: Backend | None,
+    redo: frozenset[int] = frozenset(),
 ) -> Plan:
     """The plan at the summarizer's window: `window` when set, else the server's (asked only
     when a backend is given: a dry run contacts nobody), else `DEFAULT_WINDOW`."""
     if s.window:
-        return plan(story, records, prompts, s.window, "--window or [summarize] window")
+        return plan(story, records, prompts, s.window, "--window or [summarize] window", redo)
     if backend is None:  # the real run asks the server, which may say otherwise
-        return plan(story, records, prompts, DEFAULT_WINDOW, "the default: a dry run asks no server; give --window")
+        why = "the default: a dry run asks no server; give --window"
+        return plan(story, records, prompts, DEFAULT_WINDOW, why, redo)
     told = backend.window()
     if told:
-        return plan(story, records, prompts, told, "as the server says")
-    return plan(story, records, prompts, DEFAULT_WINDOW, "the default: the server did not say")
+        return plan(story, records, prompts, told, "as the server says", redo)
+    return plan(story, records, prompts, DEFAULT_WINDOW, "the default: the server did not say", redo)
 
 
 def summarize(
@@ -91,11 +97,13 @@ def summarize(
     s: SummarizeSettings,
     on_progress: Callable[[Progress], None] = lambda p: None,
     progress: Progress | None = None,
+    redo: frozenset[int] = frozenset(),
 ) -> tuple[Plan, Report]:
-    """Summarize what the sidecar lacks, committing each finished scene to it atomically;
-    `progress` is filled as the run goes (what an interrupted run had done)."""
+    """Summarize what the sidecar lacks (and the scenes starting at `redo`), committing each
+    finished scene to it atomically; `progress` is filled as the run goes (what an interrupted
+    run had done)."""
     backend = backend_of(s)
-    chosen = plan_for(story, records, prompts, s, backend)
+    chosen = plan_for(story, records, prompts, s, backend, redo)
 
     def save(done: list[Record]) -> None:
         write_atomic(sidecar, sidecar_text(done))

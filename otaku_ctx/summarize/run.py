@@ -146,13 +146,22 @@ class Prompts:
         return self.history.messages(values)
 
 
-def plan(story: Story, records: list[Record], prompts: Prompts, window: int, window_source: str) -> Plan:
-    """What this run will do, and every request it will send, without sending one."""
+def plan(
+    story: Story,
+    records: list[Record],
+    prompts: Prompts,
+    window: int,
+    window_source: str,
+    redo: frozenset[int] = frozenset(),
+) -> Plan:
+    """What this run will do, and every request it will send, without sending one. The scenes
+    starting at `redo` are done again as if stale (`ctx scenes --redo`)."""
     options, cutting = prompts.options, prompts.options.cutting
     usable = usable_tokens(window)
     judged = judge(story, records)
-    fresh = {r.start: r for r in judged.fresh}
+    fresh = {r.start: r for r in judged.fresh if r.start not in redo}
     stale = {r.start: r for r in (*judged.stale, *judged.touched)}  # a touched scene is redone too
+    stale.update({r.start: r for r in judged.fresh if r.start in redo})
     n = len(story.messages)
     limit = n - cutting.settle
     cursor = story.scenes[-1].end if story.scenes else 0
@@ -186,7 +195,7 @@ def plan(story: Story, records: list[Record], prompts: Prompts, window: int, win
     cuts: dict[Span, str] = {}
     for span in wanted:
         if span in stale_spans:
-            why = "a stale scene, redone over its messages"
+            why = "a scene redone over its messages"
         elif span[1] == limit:
             why = f"the newest {cutting.settle} messages settle first"
         else:
