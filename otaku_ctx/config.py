@@ -51,6 +51,7 @@ Kind = Literal[
     "flag",
     "seconds",
     "patterns",
+    "fallback",
 ]
 
 
@@ -209,6 +210,9 @@ class SummarizeSettings:
     attempts: int = setting(3, "tries for a reply with a usable summary before it is reported", "count", least=1)
     scene_breaks: tuple[str, ...] = setting(
         (), "patterns of a time skip opening a message (a scene cut); empty: English ones", "patterns"
+    )
+    fallback: str = setting(
+        "extract", 'when no reply would do: "extract" (the scene\'s own lines) or "none" (left missing)', "fallback"
     )
 
 
@@ -409,6 +413,7 @@ CHECKS: dict[str, Callable[[_Check], Any]] = {
     "share": _share,
     "files": _files,
     "patterns": _patterns,
+    "fallback": _one_of(("extract", "none")),
     "text": _text,
     "seconds": _seconds,
     "cache": _one_of(CACHES),

@@ -400,11 +400,14 @@ def test_a_server_that_refuses_json_schema_gets_json_object(tmp_path: Path, serv
 
 
 def test_an_unusable_reply_is_asked_again_differently_then_reported(tmp_path: Path, server: StandIn) -> None:
-    """Each attempt asks differently (warmer, a looser form); a scene no reply would do for is
-    named, the other scenes are written, and the run exits 1."""
+    """Each attempt asks differently (warmer, a looser form); with `fallback = "none"`, a scene
+    no reply would do for is named, the other scenes are written, the run exits 1, and a rerun
+    with a good server fills exactly that gap."""
     chat = sillytavern_chat(tmp_path / "chat.jsonl", 120)
+    config = tmp_path / "config.toml"
+    config.write_text('[summarize]\nfallback = "none"\n', encoding="utf-8")
     server.replies = ['{"title": "x", "summary": ""}', "{}", "{"]
-    code, _, err = summarize(chat, server)
+    code, _, err = summarize(chat, server, "--config", str(config))
     first = server.bodies[:3]
     assert code == 1 and len({tuple(b["messages"][-1]["content"].split()[:3]) for b in first}) == 1
     assert [b["temperature"] for b in first] == [0.2, 0.5, 0.8]
@@ -414,6 +417,23 @@ def test_an_unusable_reply_is_asked_again_differently_then_reported(tmp_path: Pa
     written = read_sidecar(sidecar_for(chat))
     assert written and int(scene[1]) not in {r.start for r in written}  # nothing empty or garbage written
     assert all(r.start > int(scene[2]) for r in written) and not any(r.history for r in written)  # chain stops
+    asked = len(server.log)
+    assert summarize(chat, server, "--config", str(config))[0] == 0  # the server answers well now
+    assert [e for e in server.log[asked:] if e[0] == "summary"] == [("summary", int(scene[1]))]
+    assert read_sidecar(sidecar_for(chat))[0].start == int(scene[1])
+
+
+def test_a_scene_no_reply_would_do_for_is_written_as_an_extract_by_default(tmp_path: Path, server: StandIn) -> None:
+    """The default last resort: the scene's own lines, marked as an extract (`ctx scenes` lists
+    it), the run going on and exiting 0."""
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 120)
+    server.replies = ['{"title": "x", "summary": ""}', "{}", "{"]
+    code, _, err = summarize(chat, server)
+    assert code == 0 and "written as extracts of the scene's own lines" in err, err
+    first = read_sidecar(sidecar_for(chat))[0]
+    assert first.model == "ctx extract" and first.summary.startswith("Mara: Row 1: the lamp turns")
+    code, out, _ = run("scenes", str(chat))
+    assert code == 0 and " extract " in out.splitlines()[0]
 
 
 def test_the_server_unreachable_is_one_line_with_the_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

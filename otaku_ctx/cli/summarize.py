@@ -249,6 +249,12 @@ def _show_report(story: str, sidecar: Path, chosen: Plan, report: Report, as_jso
         f"{_count(report.requests, 'request')}, {report.tokens_in:,} tokens in, {report.tokens_out:,} out, "
         f"{_duration(report.seconds)} · {_count(report.scenes, 'scene')} in {sidecar}{covered}"
     )
+    if report.extracts:
+        terminal().say(
+            f"{story}: {_count(report.extracts, 'summary or history', 'summaries and histories')} written as extracts"
+            f" of the scene's own lines (no reply of the model would do): `ctx scenes {story}` lists them, and"
+            " --redo asks again"
+        )
     for start, end, why in report.missing:
         terminal().say(f"{story}: missing: messages {start:,}–{end:,}: {why}")
     if report.missing:

@@ -186,7 +186,7 @@ def _record(path: Path, number: int, obj: Any) -> Record:
         summary_sha=str(ctx.get("summary_sha", "")),
         history_from=given if isinstance(given, dict) else None,
         line=number,
-        sketch=tuple(drawn) if fits else (),  # a sketch that is not one is no sketch: the scene is judged by its hash
+        sketch=tuple(drawn) if fits and isinstance(drawn, list) else (),  # else judged by its hash alone
     )
 
 

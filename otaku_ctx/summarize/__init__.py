@@ -50,6 +50,7 @@ def options_of(s: SummarizeSettings, jobs: int | None = None) -> Options:
         temperature=s.temperature,
         repeat_penalty=s.repeat_penalty,
         attempts=s.attempts,
+        fallback=s.fallback,
     )
 
 

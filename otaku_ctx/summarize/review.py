@@ -2,9 +2,10 @@
 
 The status of a scene: `story` (the story's own), `fresh` (the sidecar's, its messages as
 they were), `touched` (a small edit since: still used, to be redone), `stale` (changed: left
-out), `rejected` (fresh, but its summary fails the check a new reply must pass, checks.py:
-written by hand, or by an older ctx), and `missing` (settled messages no scene covers yet:
-what `ctx summarize` would write)."""
+out), `extract` (no reply of the model would do: the scene's own lines stand in), `rejected`
+(fresh, but its summary fails the check a new reply must pass, checks.py: written by hand,
+or by an older ctx), and `missing` (settled messages no scene covers yet: what `ctx
+summarize` would write)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from ..story.model import Story
 from ..story.sidecar import Record, judge
 from . import checks
+from .extract import EXTRACT
 from .run import Prompts
 from .spans import pack
 
@@ -41,9 +43,13 @@ def review(story: Story, records: list[Record], prompts: Prompts) -> list[Row]:
     for status, found in (("fresh", judged.fresh), ("touched", judged.touched), ("stale", judged.stale)):
         for r in found:
             why = ""
-            if status == "fresh":
-                why = checks.rejected("summary", r.summary, prompts.summary_check(story, (r.start, r.end))) or ""
-            rows.append(Row(r.id, r.start, r.end, r.title, "rejected" if why else status, r.summary, r.history, why))
+            if status == "fresh" and r.model == EXTRACT:
+                status_now = "extract"
+            else:
+                if status == "fresh":
+                    why = checks.rejected("summary", r.summary, prompts.summary_check(story, (r.start, r.end))) or ""
+                status_now = "rejected" if why else status
+            rows.append(Row(r.id, r.start, r.end, r.title, status_now, r.summary, r.history, why))
     rows.sort(key=lambda row: row.start)
     settled = len(story.messages) - prompts.options.cutting.settle
     covered = 0

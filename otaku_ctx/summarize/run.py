@@ -26,6 +26,7 @@ from ..story.model import Scene, Story
 from ..story.sidecar import Record, covers, history_basis, judge, sha, sketch
 from ..tokens import TokenCounter
 from . import checks
+from .extract import EXTRACT, history_extract, summary_extract
 from .prompts import PLACEHOLDERS, Prompt
 from .replies import field_of, json_object
 from .spans import Cutting, Span, fitted, pack, why_cut
@@ -53,6 +54,7 @@ class Options:
     temperature: float = 0.2
     repeat_penalty: float = 0.0
     attempts: int = 3
+    fallback: str = "extract"  # when no reply would do: "extract" (extract.py), or "none" (the scene is missing)
 
     @property
     def summary_tokens(self) -> int:
@@ -268,6 +270,7 @@ class Progress:
     work: int = 0
     worked: int = 0
     rejected: list[str] = field(default_factory=list)  # each reply a check turned down, for --debug
+    extracts: int = 0  # summaries and histories written as extracts (`extract.py`)
 
     @property
     def eta(self) -> float | None:
@@ -292,6 +295,7 @@ class Report:
     scenes: int  # in the sidecar now
     covered_to: int  # the last message a scene covers (0: none)
     missing: tuple[tuple[int, int, str], ...] = ()  # (start, end, why) of each scene no reply would do
+    extracts: int = 0  # summaries and histories written as extracts of the scene's own lines
 
     def facts(self) -> dict[str, Any]:
         facts = dict(self.__dict__)
@@ -453,7 +457,19 @@ def run(
     def summarize(span: Span) -> Record:
         what = f"scene of messages {span[0]:,}–{span[1]:,}"
         messages, check = prompts.summary_messages(story, span), prompts.summary_check(story, span)
-        summary, title = asker.ask(messages, "summary", options.summary_words, options.summary_tokens, what, check)
+        made_by = model
+        try:
+            summary, title = asker.ask(messages, "summary", options.summary_words, options.summary_tokens, what, check)
+        except SummarizeError as error:
+            if options.fallback != "extract":
+                raise
+            summary, title, made_by = (
+                summary_extract(story.messages[span[0] - 1 : span[1]], options.summary_words),
+                "",
+                EXTRACT,
+            )
+            progress.rejected.append(f"{what}: written as an extract of its own lines ({error})")
+            progress.extracts += 1
         return Record(
             id=0,
             start=span[0],
@@ -462,7 +478,7 @@ def run(
             summary=summary,
             covers=covers(story, *span),
             sketch=sketch(story, *span),
-            model=model,
+            model=made_by,
             made=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             summary_sha=sha(summary),
         )
@@ -484,6 +500,7 @@ def run(
         scenes=len(ordered),
         covered_to=ordered[-1].end if ordered else (story.scenes[-1].end if story.scenes else 0),
         missing=tuple(sorted(missing)),
+        extracts=progress.extracts,
     )
 
 
@@ -598,8 +615,12 @@ def _histories(
             try:
                 history, _ = asker.ask(messages, "history", words, tokens, what, check, also=earlier)
             except SummarizeError as error:
-                missing.append((record.start, record.end, str(error)))
-                break
+                if options.fallback != "extract":
+                    missing.append((record.start, record.end, str(error)))
+                    break
+                history = history_extract(earlier, record.summary, words)
+                progress.rejected.append(f"{what}: written as an extract ({error})")
+                progress.extracts += 1
             finally:
                 progress.done += 1
             expected.history_done(prompts.tokens(messages), history)
