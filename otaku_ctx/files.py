@@ -125,7 +125,7 @@ def _too_big(kind: str, path: Path | str, bound: int) -> InputError:
     return InputError(path, f"is larger than the {size_text(bound)} a {kind} may be; {hint}")
 
 
-def _what_it_is(mode: int) -> str | None:
+def what_it_is(mode: int) -> str | None:
     """What a file that is neither a regular file nor a FIFO is, in words; None for those two."""
     if stat.S_ISDIR(mode):
         return "a directory"
@@ -141,7 +141,7 @@ def _what_it_is(mode: int) -> str | None:
 
 
 def _refuse(kind: str, path: Path | str, info: os.stat_result, bound: int) -> None:
-    what = _what_it_is(info.st_mode)
+    what = what_it_is(info.st_mode)
     if what is not None:
         also = ", or - for stdin" if kind == "story" else ""
         raise InputError(path, f"is {what}, not a {kind}; name a regular file{also}")
@@ -322,7 +322,7 @@ def _stdin_chunks(stdin: BinaryIO, bound: int) -> Iterator[bytes]:
     if info is not None:
         _record(info, "<stdin>")
         if (stat.S_ISCHR(info.st_mode) and not stdin.isatty()) or stat.S_ISBLK(info.st_mode):
-            what = _what_it_is(info.st_mode)
+            what = what_it_is(info.st_mode)
             raise InputError("<stdin>", f"is {what}, not a story; pipe the story in, or name its file")
         if stat.S_ISREG(info.st_mode) and info.st_size - _offset(stdin) > bound:
             raise _too_big("story", "<stdin>", bound)
@@ -360,7 +360,7 @@ def write_atomic(path: Path | str, text: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         mode = path.stat().st_mode
         if not stat.S_ISREG(mode):
-            raise OutputError(path, f"is {_what_it_is(mode) or 'a FIFO'}; it is never replaced by a file")
+            raise OutputError(path, f"is {what_it_is(mode) or 'a FIFO'}; it is never replaced by a file")
     import tempfile  # only a run that writes a file needs it (it imports random, 4 ms)
 
     mode = _mode_for(path)
@@ -428,6 +428,10 @@ def write_output(target: str | Path | None, text: str, stdout: BinaryIO) -> None
     if info is not None and (source := _inputs_holding(info)) is not None:
         also = "" if source == str(target) else f" ({source})"
         raise OutputError(target, f"is an input of this command{also}; it is never overwritten, name another file")
+    if info is not None and stat.S_ISREG(info.st_mode) and (folder := _input_folder_holding(path)) is not None:
+        raise OutputError(
+            target, f"is a file of {folder}, a folder this command reads; it is never overwritten, name another file"
+        )
     if info is not None and stat.S_ISDIR(info.st_mode):
         raise OutputError(target, "is a directory; name a file inside it")
     if slash:
@@ -448,6 +452,20 @@ def write_output(target: str | Path | None, text: str, stdout: BinaryIO) -> None
 def _inputs_holding(info: os.stat_result) -> str | None:
     run = _run.get()
     return run.holds(info) if run is not None else None
+
+
+def _input_folder_holding(path: Path) -> str | None:
+    """The input folder of the run (a model folder, a tokenizer's) that holds the file at
+    `path`, as named or where its symlinks lead: every file of a model folder is the model,
+    the parts the run did not read because a flag replaced them too."""
+    for folder in {path.absolute().parent, path.resolve().parent}:
+        try:
+            info = os.stat(folder)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and (source := _inputs_holding(info)) is not None:
+            return source
+    return None
 
 
 def _writable(path: Path) -> bool:

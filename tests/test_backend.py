@@ -25,6 +25,7 @@ from otaku_ctx.backend import (
     Backend,
     BackendError,
     BadReply,
+    BadURL,
     ContextTooLong,
     FormatRefused,
     KeyMissing,
@@ -228,6 +229,59 @@ def test_a_variable_named_but_not_set(server: StandIn, monkeypatch) -> None:
 def test_not_a_base_url(url: str) -> None:
     with pytest.raises(BackendError, match="not a server's base URL"):
         Backend(url, "smol")
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://127.0.0.1:99999/v1", "the port 99999 is not from 1 to 65535"),
+        ("http://127.0.0.1:0/v1", "the port 0 is not from 1 to 65535"),
+        ("http://127.0.0.1:" + "9" * 5000 + "/v1", "the port 99999999999999999999… is not from 1 to 65535"),
+        ("http://127.0.0.1:abc/v1", "the port 'abc' is not a number"),
+        ("http://[::1/v1", "a host in [brackets] that is not an IPv6 address"),
+        ("http://" + "a" * 64 + ".example/v1", "a host name with a label over 63 characters"),
+        ("http://a..example/v1", "a host name with an empty label"),
+        ("http://" + ".".join(["a" * 60] * 5) + "/v1", "a host name of over 253 characters"),
+        ("http://127.0.0.1:8080/v 1", "a space or a control character in it"),
+    ],
+)
+def test_a_url_no_request_can_be_sent_to(url: str, problem: str) -> None:
+    """Refused when the client is made, with what is wrong: never a ValueError or UnicodeError
+    from `urlsplit`, `.port` or the IDNA codec when the first request is sent."""
+    with pytest.raises(BadURL) as error:
+        Backend(url, "smol")
+    assert f"not a server's base URL ({problem}" in str(error.value)
+    assert "\n" not in str(error.value) and len(str(error.value)) < 400
+    assert error.value.exit_code == ExitStatus.ERROR
+
+
+def test_a_path_that_is_not_ascii_is_sent_percent_encoded(server: StandIn, waits) -> None:
+    backend = Backend(server.url + "/café", "smol", retry=Retry(sleep=waits.append))
+    server.answer(completion())
+    chat(backend)
+    assert server.seen[0].path == "/v1/caf%C3%A9/chat/completions"
+
+
+def test_credentials_in_the_url_are_never_shown(server: StandIn, waits) -> None:
+    """`user:password@` is no part of any message: the URL asked is shown without it."""
+    with_password = server.url.replace("http://", "http://ilya:hunter2@")
+    backend = Backend(with_password, "smol", retry=Retry(attempts=0, sleep=waits.append))
+    assert backend.url == server.url
+    server.answer(reply(500, {"error": "boom"}))
+    with pytest.raises(ServerError) as error:
+        chat(backend)
+    assert str(error.value).startswith(f"{server.url}/chat/completions: 500 ")
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there: unreachable
+    nobody = Backend(f"http://ilya:hunter2@127.0.0.1:{port}/v1", "smol", retry=Retry(attempts=0))
+    with pytest.raises(Unreachable) as lost:
+        chat(nobody)
+    with pytest.raises(BadURL) as bad:
+        Backend(with_password.replace("/v1", ":99999/v1"), "smol")
+    for shown in (error.value, lost.value, bad.value):
+        assert "hunter2" not in str(shown) and "ilya" not in str(shown)
 
 
 # what is retried, and how long it waits ---------------------------------------------------------

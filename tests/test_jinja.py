@@ -119,6 +119,26 @@ def test_a_template_that_is_not_jinja_names_the_file_and_line(tmp_path: Path) ->
         load_format(str(unknown), [])
 
 
+@pytest.mark.parametrize(
+    ("template", "said"),
+    [
+        # Python's own limits on the code Jinja compiles a template to
+        ("{% for m in messages %}" * 25 + "{% endfor %}" * 25, "(Python cannot compile it: too many statically nested"),
+        ("{% if messages %}" * 120 + "{% endif %}" * 120, "(Python cannot compile it: too many levels of indentation)"),
+        # past the recursion of Jinja's parser and compiler
+        ("{% if messages %}" * 100_000 + "{% endif %}" * 100_000, "it nests too deep to compile"),
+        ("{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}", "it nests too deep to compile"),
+    ],
+    ids=["25 for", "120 if", "100,000 if", "5,000 parentheses"],
+)
+def test_a_template_nested_past_python_s_limits_is_one_line(tmp_path: Path, template: str, said: str) -> None:
+    path = write(tmp_path / "deep.jinja", template)
+    with pytest.raises(TemplateError) as caught:
+        load_format(str(path), [])
+    assert str(caught.value).startswith(f"{path}: not a template ctx can run: ")
+    assert said in str(caught.value) and "\n" not in str(caught.value)
+
+
 def test_cli_names_the_template_in_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     strict = "{% if messages | length > 1 %}\n{{ raise_exception('One message only!') }}{% endif %}"
     strict += "{{ messages[0]['content'] }}"

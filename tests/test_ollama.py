@@ -174,3 +174,38 @@ def test_a_tag_that_is_a_folder(models: Path) -> None:
 )
 def test_names_are_parsed_as_ollama_parses_them(name: str, parts: tuple[str, ...]) -> None:
     assert parse_name(name) == parts
+
+
+def test_a_manifest_that_is_a_device_says_so(models: Path) -> None:
+    """Not "no such Ollama model dz; it has …, dz:latest": what it is, and what to do."""
+    path = models / "manifests" / "registry.ollama.ai" / "library" / "dz" / "latest"
+    path.parent.mkdir(parents=True)
+    path.symlink_to("/dev/zero")
+    with pytest.raises(InputError) as error:
+        ollama_model("dz")
+    assert str(error.value) == (
+        f"{path}: is a character device, not an Ollama manifest; pull the model again (ollama pull dz)"
+    )
+
+
+def test_a_blob_that_is_a_device_says_so(models: Path) -> None:
+    """Not "is missing; pull it again": what it is."""
+    digest = "b" * 64
+    layer = {"mediaType": MODEL_LAYER, "digest": f"sha256:{digest}"}
+    manifest(models, "registry.ollama.ai", "library", "dz", "latest", [layer])
+    path = models / "blobs" / f"sha256-{digest}"
+    path.symlink_to("/dev/zero")
+    with pytest.raises(InputError) as error:
+        ollama_model("dz")
+    assert str(error.value) == (
+        f"{path}: is a character device, not a model blob (a GGUF file); pull the model again (ollama pull dz)"
+    )
+
+
+def test_a_manifest_that_is_a_symlink_to_nothing_says_so(models: Path) -> None:
+    path = models / "manifests" / "registry.ollama.ai" / "library" / "gone" / "latest"
+    path.parent.mkdir(parents=True)
+    path.symlink_to(models / "nowhere")
+    with pytest.raises(ConfigError, match="is a symlink to nothing") as error:
+        ollama_model("gone")
+    assert str(error.value).startswith(str(path))

@@ -10,6 +10,7 @@ from .client import Backend, Reply
 from .failures import (
     BackendError,
     BadReply,
+    BadURL,
     ContextTooLong,
     FormatRefused,
     KeyMissing,
@@ -28,6 +29,7 @@ __all__ = [
     "Backend",
     "BackendError",
     "BadReply",
+    "BadURL",
     "ContextTooLong",
     "FormatRefused",
     "KINDS",

@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote
 
-from .failures import BackendError, BadReply, KeyMissing, NoTokenizer, classify
+from .failures import BackendError, BadReply, BadURL, KeyMissing, NoTokenizer, classify
 from .servers import OPENAI, SERVERS, WINDOWS, LlamaCpp, Server, ServerKind
-from .transport import Answer, Retry, Transport
+from .transport import Answer, Retry, Transport, split_url, without_credentials
 
 
 @dataclass(frozen=True)
@@ -66,13 +66,19 @@ class Backend:
         connect_timeout: float = 10.0,
         retry: Retry | None = None,
     ) -> None:
-        parts = urlsplit(url.strip())
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-            raise BackendError(url, "not a server's base URL", "give one like http://127.0.0.1:8080/v1")
-        self.base = parts.path.rstrip("/")
+        try:
+            parts = split_url(url.strip())
+            if parts.query or parts.fragment:
+                raise ValueError("a ?query or #fragment in it")
+        except ValueError as problem:
+            shown = without_credentials(url.strip())
+            shown = shown if len(shown) <= 200 else shown[:199] + "…"
+            raise BadURL(shown, f"not a server's base URL ({problem})") from None
+        self.base = quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=~")
         # llama.cpp's /props and /tokenize and Ollama's /api/show sit beside /v1, not under it
         self.root = self.base[: -len("/v1")] if self.base.endswith("/v1") else self.base
-        self.url = f"{parts.scheme}://{parts.netloc}{self.base}"
+        # the URL as every message shows it: a `user:password@` in it is never printed
+        self.url = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{self.base}"
         self.model = model
         self.api_key_env = api_key_env
         headers = {"User-Agent": user_agent(), "Accept": "application/json", "Content-Type": "application/json"}

@@ -31,6 +31,13 @@ class BackendError(OtakuError):
         return f"{self.url}: {self.problem}: {self.remedy}"
 
 
+class BadURL(BackendError):
+    """A URL no request can be sent to: not http(s), no host, a port out of range or not a
+    number, a broken IPv6 host, a host label over 63 characters. Shown without its credentials."""
+
+    remedy = "give one like http://127.0.0.1:8080/v1"
+
+
 class Unreachable(BackendError):
     """No connection: refused, no such host, a reset, or no answer to the connect."""
 

@@ -8,18 +8,65 @@ from __future__ import annotations
 
 import email.utils
 import http.client
+import re
 import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC
-from urllib.parse import SplitResult
+from urllib.parse import SplitResult, urlsplit
 
 from .failures import BadReply, TimedOut, Unreachable
 
 #: the largest reply read; anything longer is not an answer to a chat request
 LIMIT = 64 * 1024 * 1024
+#: the longest label of a host name and the longest name (RFC 1035, 2.3.4)
+LABEL, HOST = 63, 253
+
+_CREDENTIALS = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
+_UNSAFE = re.compile(r"[\x00-\x20\x7f]")
+
+
+def without_credentials(url: str) -> str:
+    """`url` as it may be shown: a `user:password@` in it left out."""
+    return _CREDENTIALS.sub(r"\1", url)
+
+
+def split_url(url: str) -> SplitResult:
+    """`url` split as a connection will use it, or ValueError saying what is wrong with it: what
+    `urlsplit`, its `port` and the IDNA codec would otherwise raise later, as a traceback (a port
+    out of range or not a number, a broken IPv6 host, a host label over 63 characters)."""
+    if _UNSAFE.search(url):
+        raise ValueError("a space or a control character in it")
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "Invalid IPv6 URL", "'x' does not appear to be an IPv4 or IPv6 address"
+        raise ValueError("a host in [brackets] that is not an IPv6 address") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("not http:// or https://")
+    _, colon, port = parts.netloc.rpartition("@")[2].rpartition("]")[2].rpartition(":")
+    port = port if colon else ""
+    shown = port if len(port) <= 20 else port[:20] + "…"
+    if port and not (port.isascii() and port.isdigit()):
+        raise ValueError(f"the port {shown!r} is not a number")
+    if port and not (len(port) <= 5 and 1 <= int(port) <= 65535):
+        raise ValueError(f"the port {shown} is not from 1 to 65535")
+    try:
+        parts.port  # noqa: B018 - what the connection will ask: `[::1]:80:90` still raises
+    except ValueError:
+        raise ValueError("a port that is not a number") from None
+    if not parts.hostname:
+        raise ValueError("no host")
+    try:
+        name = parts.hostname.encode("idna")
+    except UnicodeError:
+        too_long = any(len(label) > LABEL for label in parts.hostname.split("."))
+        problem = f"a label over {LABEL} characters" if too_long else "an empty label, or one no host name has"
+        raise ValueError(f"a host name with {problem}") from None
+    if len(name) > HOST:
+        raise ValueError(f"a host name of over {HOST} characters")
+    return parts
 
 
 @dataclass(frozen=True)
@@ -91,9 +138,11 @@ class Transport:
         self.connect_timeout = connect_timeout
         self.headers = dict(headers)
         self.retry = retry
+        self.shown = f"{server.scheme}://{server.netloc.rpartition('@')[2]}"
 
     def url(self, path: str) -> str:
-        return f"{self.server.scheme}://{self.server.netloc}{path}"
+        """The URL of `path`, as a message may show it (no credentials)."""
+        return f"{self.shown}{path}"
 
     def send(self, method: str, path: str, body: bytes | None = None) -> Answer:
         """The server's answer to `method path`, after the retries; raises `Unreachable`,

@@ -48,14 +48,30 @@ class Terminal:
         )
 
     def say(self, line: str) -> None:
-        """One line for a person, on stderr (dropped when stderr is closed)."""
+        """One line for a person, on stderr (dropped when stderr is closed). What it quotes from
+        outside (a server's error, a file's name) is shown `visible`: one line, steering nothing."""
         if self.stderr is None:
             return
         try:
-            self.stderr.write(line + "\n")
+            self.stderr.write(visible(line) + "\n")
             self.stderr.flush()
         except (OSError, ValueError):
             pass
+
+
+# Every character that can steer a terminal rather than be read on it: the C0 controls (ESC
+# starts the sequences that set a window's title or clear the screen), DEL, the C1 controls
+# (U+009B is a one-character ESC [), the line and paragraph separators and the bidirectional
+# marks, embeddings, overrides and isolates (which reorder what is shown).
+_STEERING = [*range(0x20), *range(0x7F, 0xA0), 0x061C, 0x200E, 0x200F, *range(0x2028, 0x202F), *range(0x2066, 0x206A)]
+_SHOWN = {code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" for code in _STEERING}
+
+
+def visible(text: str) -> str:
+    """`text` from outside ctx (a server's words, a file's name, a story's) as it may be printed
+    on a terminal: each character that steers one instead of being read is shown as its escape
+    (`\\x1b`, `\\x0a` for a line break, `\\u202e`), so that it is seen and does nothing."""
+    return text.translate(_SHOWN)
 
 
 _terminal: ContextVar[Terminal] = ContextVar("terminal")
@@ -86,6 +102,8 @@ def progress(io: Terminal) -> Iterator[Callable[[str], None]]:
         return
     import threading
 
+    from rich.markup import escape
+
     state: dict[str, Any] = {"phase": "", "bar": None}
     lock = threading.Lock()
 
@@ -98,10 +116,11 @@ def progress(io: Terminal) -> Iterator[Callable[[str], None]]:
                 bar.start(state["phase"])
 
     def phase(text: str) -> None:
+        shown = escape(visible(text))  # a phase names a file: its `[/b]` is no markup, its ESC no escape
         with lock:
-            state["phase"] = text
+            state["phase"] = shown
             if state["bar"] is not None:
-                state["bar"].update(text)
+                state["bar"].update(shown)
 
     timer = threading.Timer(io.progress_after, appear)
     timer.daemon = True
@@ -141,6 +160,25 @@ def write_stdout(text: str) -> None:
         raise PipeClosed from None
 
 
+class _Visible:
+    """A Rich view whose text is shown `visible`, its line breaks kept: what it quotes from
+    outside (a lore entry's name, a config value) steers no terminal; Rich's own styles, which
+    it writes as escapes of its own, are not text and stay as they are."""
+
+    def __init__(self, view: Any) -> None:
+        self.view = view
+
+    def __rich_console__(self, console: Any, options: Any) -> Iterator[Any]:
+        from rich.segment import Segment
+
+        for segment in console.render(self.view, options):
+            if segment.control:
+                yield segment
+            else:
+                lines = segment.text.split("\n")
+                yield Segment("\n".join(visible(line) for line in lines), segment.style, segment.control)
+
+
 def show(renderable: Any) -> None:
     """A Rich view for a person, on stdout (plain when stdout is a pipe or NO_COLOR is set)."""
     from .views import console
@@ -148,7 +186,8 @@ def show(renderable: Any) -> None:
     io = terminal()
     text = TextIOWrapper(stdout_of(io), encoding="utf-8", write_through=True)
     try:
-        console(text, color=io.color and io.stdout_tty, width=None if io.stdout_tty else io.width).print(renderable)
+        view = _Visible(renderable)
+        console(text, color=io.color and io.stdout_tty, width=None if io.stdout_tty else io.width).print(view)
     except BrokenPipeError:
         raise PipeClosed from None
     finally:

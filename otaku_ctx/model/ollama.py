@@ -14,11 +14,13 @@ or `~/.ollama/models` (`locations.ollama_models`).
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 from ..errors import ConfigError, InputError
-from ..files import read_input
+from ..files import read_input, what_it_is
 from ..locations import ollama_models
 
 HOST, NAMESPACE, TAG = "registry.ollama.ai", "library", "latest"
@@ -88,7 +90,7 @@ def _find(manifests: Path, parts: tuple[str, ...]) -> Path | None:
         if not near:
             return None
         here = near[0]
-    return here if here.is_file() else None
+    return None if here.is_dir() else here  # a file; or one that is not, which `_blob` names
 
 
 def _listed(manifests: Path) -> list[str]:
@@ -108,7 +110,21 @@ def _listed(manifests: Path) -> list[str]:
     return shown[:SHOWN] + (["…"] if len(shown) > SHOWN else [])
 
 
+def _not_regular(path: Path, what: str, name: str) -> None:
+    """A manifest or a blob that is there but no regular file (a device, a FIFO, a socket)
+    says so, rather than passing for a model that is missing."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # a symlink to nothing, say: its reader names it
+        return
+    if not stat.S_ISREG(mode):
+        raise InputError(
+            path, f"is {what_it_is(mode) or 'a FIFO'}, not {what}; pull the model again (ollama pull {name})"
+        )
+
+
 def _blob(name: str, root: Path, manifest: Path) -> Path:
+    _not_regular(manifest, "an Ollama manifest", name)
     data = read_input(manifest, "model manifest", MANIFEST_BOUND)
     try:
         parsed = json.loads(data)
@@ -125,6 +141,7 @@ def _blob(name: str, root: Path, manifest: Path) -> Path:
     if found is None:
         raise InputError(manifest, f"its model layer's digest {str(digest)[:80]!r} is not a sha256 digest")
     blob = root / "blobs" / f"sha256-{found.group(1)}"
-    if not blob.is_file():
+    if not blob.exists():
         raise ConfigError(name, None, f"its model blob {blob} is missing; pull the model again (ollama pull {name})")
+    _not_regular(blob, "a model blob (a GGUF file)", name)
     return blob

@@ -252,21 +252,32 @@ def compiled(template: str, name: str) -> Any:
     except ImportError:
         raise ConfigError(name, None, f"a Jinja chat template needs jinja2: {INSTALL}") from None
     import jinja2
-    from jinja2 import nodes
 
     try:
-        tree = environment.parse(template)
-    except jinja2.TemplateSyntaxError as exc:
+        return _compile(environment, template)
+    except jinja2.TemplateSyntaxError as exc:  # also a filter or test it does not know
         raise TemplateError(name, exc.lineno, None, f"not a valid Jinja template: {_one_line(exc)}") from None
+    # Jinja compiles a template to Python: its blocks nested past what Python compiles (25
+    # loops: "too many statically nested blocks"; about 100 ifs: "too many levels of indentation")
+    # or past the recursion of Jinja's own parser. No chat template nests a tenth as deep.
+    except SyntaxError as exc:  # IndentationError is one
+        why = f"Python cannot compile it: {exc.msg}"
+        raise TemplateError(name, None, None, f"not a template ctx can run: its blocks nest too deep ({why})") from None
+    except (RecursionError, MemoryError):
+        raise TemplateError(name, None, None, "not a template ctx can run: it nests too deep to compile") from None
+
+
+def _compile(environment: Any, template: str) -> Any:
+    """Parse, guard each loop and concatenation, compile."""
+    from jinja2 import nodes
+
+    tree = environment.parse(template)
     for loop in tree.find_all(nodes.For):
         loop.iter = nodes.Filter(loop.iter, "ctx_steps", [], [], None, None, lineno=loop.lineno)
     for concat in list(tree.find_all(nodes.Concat)):
         pieces = nodes.List(concat.nodes, lineno=concat.lineno)
         concat.nodes = [nodes.Filter(pieces, "ctx_concat", [], [], None, None, lineno=concat.lineno)]
-    try:
-        return environment.from_string(tree)
-    except jinja2.TemplateSyntaxError as exc:  # a filter or test it does not know
-        raise TemplateError(name, exc.lineno, None, f"not a valid Jinja template: {_one_line(exc)}") from None
+    return environment.from_string(tree)
 
 
 @lru_cache(maxsize=1)
