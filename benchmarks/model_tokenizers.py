@@ -1,4 +1,4 @@
-"""Times the model counters of `otaku_ctx.model.hf` (issue 18, deliverable 5): a GGUF's metadata
+"""Times the model counters of `otaku_ctx.model.hf` and `.spm` (issues 18 and 26): a GGUF's metadata
 read, its vocabulary converted to a `tokenizers` tokenizer (the first build with that model),
 the converted tokenizer loaded from the cache (every later build), and counting a story's
 texts beside the cl100k_base counter, one by one and in batches.
@@ -22,6 +22,17 @@ false), CPU seconds, medians of 5, a 1,052-message story (1,001 texts):
 Nearly all of the counting time is the pre-tokenizer's regex (`tokenizers` runs it with
 Oniguruma); the whole build is what a user waits for: `ctx build` of that story with
 `--tokenizer` SmolLM2's GGUF takes 0.31 s against cl100k_base's 0.26 s (1.2x, whole process).
+
+A SentencePiece GGUF (`model/spm.py`, ctx's own code; nothing converted or cached, so "convert"
+and "cached load" are both its vocabulary read) and Gemma 4's BPE, on the 419 texts of
+examples/lighthouse-case4.jsonl as it is now, medians of 3 (Gemma 4: one round; issue 26):
+
+    llama.cpp's ggml-vocab-llama-spm.gguf, 32,000 tokens: imports + metadata 0.053 s; load
+        0.12-0.17 s; counting 0.0081 s one by one, 0.0082 s in batches, against cl100k_base's
+        0.0038 s (2.1x). A 1,000-message `ctx build` (benchmarks/bench.py --counters): 0.68 s
+        against cl100k_base's 0.75 s (0.90x); Phi-3's vocabulary 0.84 s (1.13x).
+    ggml-vocab-gemma-4.gguf, 262,144 tokens, 514,906 merges: convert 6.2 s; cached load 1.5 s;
+        counting 0.012 s, 0.0095 s, against 0.0027 s (4.3x, 3.5x).
 """
 
 from __future__ import annotations

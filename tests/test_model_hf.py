@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gguf_files import I32, array, byte_alphabet, tiny_bpe, write_gguf
+from gguf_files import F32, I32, array, byte_alphabet, tiny_bpe, write_gguf
 
 from otaku_ctx.errors import ConfigError
 from otaku_ctx.locations import model_cache
@@ -154,8 +154,8 @@ def test_importing_and_making_a_counter_import_no_tokenizers(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("extra", "match"),
     [
-        ({"tokenizer.ggml.pre": "deepseek-llm"}, r"tokenizer.ggml.pre: ctx does not count the 'deepseek-llm' pre-"),
-        ({"tokenizer.ggml.model": "llama"}, r"tokenizer.ggml.model: ctx does not count the 'llama' tokenizer"),
+        ({"tokenizer.ggml.pre": "deepseek-v3"}, r"tokenizer.ggml.pre: ctx does not count the 'deepseek-v3' pre-"),
+        ({"tokenizer.ggml.model": "t5"}, r"tokenizer.ggml.model: ctx does not count the 't5' tokenizer"),
     ],
 )
 def test_what_is_not_converted_is_one_line_that_names_it(tmp_path: Path, extra: dict, match: str) -> None:
@@ -275,7 +275,7 @@ def test_the_byte_alphabet_is_gpt2_s() -> None:
 # -- the pricer's context ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pre", ["smollm", "llama-bpe", "qwen2", "gpt-2", "tekken", "gpt-4o"])
+@pytest.mark.parametrize("pre", ["smollm", "llama-bpe", "qwen2", "qwen35", "gpt-2", "tekken", "gpt-4o"])
 def test_the_context_of_a_text_counts_what_follows_as_the_whole_text_does(smollm2_gguf: Path, pre: str) -> None:
     """count(text + after) - count(text) == count(end + after) - count(end), end = context(text),
     over joined random texts and followers of every kind (a special token, a part of one, words,
@@ -431,3 +431,106 @@ def test_the_control_tokens_of_a_gguf_ctx_does_not_count_are_read_too(tmp_path: 
     metadata = tiny_bpe()
     del metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.token_type"]
     assert hf.gguf_controls(read_gguf(write_gguf(tmp_path / "none.gguf", metadata))) == ()
+
+
+# -- SentencePiece GGUFs (tokenizer.ggml.model "llama", spm.py) and Gemma 4's BPE --------------
+
+BYTES = [f"<0x{b:02X}>" for b in range(256)]
+
+
+def tiny_spm(words: dict[str, float], **extra: object) -> dict[str, object]:
+    """A tiny SentencePiece vocabulary: <unk>, <s>, </s>, the 256 byte tokens, then `words`
+    with their scores."""
+    tokens = ["<unk>", "<s>", "</s>", *BYTES, *words]
+    types = [2, 3, 3] + [6] * 256 + [1] * len(words)
+    metadata: dict[str, object] = {
+        "general.architecture": "llama",
+        "general.name": "tiny-spm",
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": array(F32, [0.0] * 259 + list(words.values())),
+        "tokenizer.ggml.token_type": array(I32, types),
+    }
+    metadata.update(extra)
+    return metadata
+
+
+def _spelled(counter: ModelCounter, text: str) -> list[str]:
+    """The texts of the tokens `counter` gives `text`."""
+    tokens = ["<unk>", "<s>", "</s>", *BYTES, *_WORDS[counter]]
+    return [tokens[i] for i in counter.ids(text)]
+
+
+_WORDS: dict[ModelCounter, list[str]] = {}
+
+
+def _spm_counter(tmp_path: Path, words: dict[str, float], **extra: object) -> ModelCounter:
+    counter = gguf_counter(write_gguf(tmp_path / "spm.gguf", tiny_spm(words, **extra)))
+    _WORDS[counter] = list(words)
+    return counter
+
+
+def test_sentencepiece_merges_the_highest_score_first_and_the_leftmost_of_equals(tmp_path: Path) -> None:
+    """In "▁abc" "bc" outscores "ab", so ▁a + bc; in "▁aaa" "aa" outscores "▁a", the leftmost "aa"
+    first, and "▁aa" and "aaa" are no tokens."""
+    words = {"\u2581": -1.0, "a": -2.0, "b": -2.0, "c": -2.0, "ab": -5.0, "bc": -3.0, "\u2581a": -4.0, "aa": -1.5}
+    counter = _spm_counter(tmp_path, words)
+    assert counter.name == "gguf spm.gguf (SentencePiece, 267 tokens)"
+    assert _spelled(counter, "abc") == ["\u2581a", "bc"]  # the space prefix: "▁abc"
+    assert _spelled(counter, "aaa") == ["\u2581", "aa", "a"]
+    assert _spelled(counter, "ab aaa") == ["\u2581a", "b", "\u2581", "aa", "a"]
+    assert _spelled(counter, "é") == ["\u2581", "<0xC3>", "<0xA9>"]  # no token: its bytes
+    assert counter("</s>abc") == 3 and counter.ids("</s>") == [2]  # a control token; "▁abc" after it
+
+
+def test_sentencepiece_without_the_space_prefix_and_what_the_counter_says(tmp_path: Path) -> None:
+    words = {"\u2581": -1.0, "a": -2.0, "b": -2.0, "ab": -1.0, "<start>": 0.0}
+    extra: dict[str, object] = {"tokenizer.ggml.add_space_prefix": False}
+    extra["tokenizer.ggml.token_type"] = array(I32, [2, 3, 3] + [6] * 256 + [1] * 4 + [4])
+    counter = _spm_counter(tmp_path, words, **extra)
+    assert _spelled(counter, "ab ab") == ["ab", "\u2581", "ab"]
+    assert _spelled(counter, "<start>ab") == ["<start>", "ab"]  # user-defined: cut out, no prefix after it
+    assert counter.bos == "<s>" and counter.added == 1  # llama.cpp adds BOS to a SentencePiece prompt
+    assert counter.specials == ("<unk>", "<s>", "</s>", "<start>")
+
+
+def test_a_sentencepiece_vocabulary_without_byte_tokens_is_refused_in_one_line(tmp_path: Path) -> None:
+    metadata = tiny_spm({"a": -1.0})
+    metadata["tokenizer.ggml.tokens"] = ["<unk>", "<s>", "</s>", "a"]
+    metadata["tokenizer.ggml.scores"] = array(F32, [0.0, 0.0, 0.0, -1.0])
+    metadata["tokenizer.ggml.token_type"] = array(I32, [2, 3, 3, 1])
+    with pytest.raises(ConfigError, match=r"has no byte token <0x00>, which llama.cpp fails on") as caught:
+        gguf_counter(write_gguf(tmp_path / "m.gguf", metadata))("a")
+    assert "\n" not in str(caught.value)
+
+
+def tiny_gemma4(merges: list[str], words: list[str]) -> dict[str, object]:
+    """A tiny Gemma 4 vocabulary: BPE on raw UTF-8, spaces as "▁", byte tokens <0xXX>."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", *BYTES, *words]
+    return {
+        "general.architecture": "gemma4",
+        "tokenizer.ggml.model": "gemma4",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": array(I32, [3] * 4 + [6] * 256 + [1] * len(words)),
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": 2,
+        "tokenizer.ggml.eos_token_id": 1,
+        "tokenizer.ggml.add_bos_token": False,  # llama.cpp adds it all the same
+    }
+
+
+def test_gemma4_merges_lines_with_spaces_as_the_sentencepiece_mark(tmp_path: Path) -> None:
+    words = ["\u2581", "a", "b", "\n", "ab", "\u2581ab", "\n\n"]
+    path = write_gguf(tmp_path / "g.gguf", tiny_gemma4(["a b", "\u2581 ab", "\n \n"], words))
+    counter = gguf_counter(path)
+    tokens = read_gguf(path).vocabulary().tokens
+    assert [tokens[i] for i in counter.ids("ab ab\n\nabé")] == [
+        "ab", "\u2581ab", "\n\n", "ab", "<0xC3>", "<0xA9>"
+    ]  # fmt: skip
+    assert counter.bos == "<bos>" and counter.added == 1 and counter.context("x " * 200) == "x " * 200
+
+
+def test_gemma4_whose_merges_do_not_make_a_newline_token_whole_is_refused(tmp_path: Path) -> None:
+    words = ["\u2581", "a", "\n", "\u2581a", "\n\n"]
+    with pytest.raises(ConfigError, match=r"its merges do not make the token '\\n\\n' whole"):
+        gguf_counter(write_gguf(tmp_path / "g.gguf", tiny_gemma4(["\u2581 a"], words)))("a")

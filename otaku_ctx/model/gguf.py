@@ -257,8 +257,8 @@ def _described(
     said_bos, said_eos = flag("tokenizer.ggml.add_bos_token"), flag("tokenizer.ggml.add_eos_token")
     add_bos = add_bos if said_bos is None else said_bos
     add_eos = add_eos if said_eos is None else said_eos
-    if pre in ("gemma4", "granite-embed-multi-311m"):
-        add_bos = True  # llama.cpp overrides the file here
+    if pre in ("gemma4", "granite-embed-multi-311m") or model == "gemma4":
+        add_bos = True  # llama.cpp overrides the file here (it takes a "gemma4" vocabulary's pre as "gemma4")
     window = number(f"{architecture}.context_length") if architecture else None
     return Gguf(
         path=path,

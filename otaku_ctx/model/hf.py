@@ -9,7 +9,8 @@ the GGUF's merge ranks. The converted tokenizer does the same three steps: those
 added tokens (matched on the raw text, not normalized, not stripped), the same regexes as
 `Split` pre-tokenizers then GPT-2's byte mapping, and a BPE model of the same vocabulary and
 merges. Only the pre-tokenizers whose llama.cpp regexes are listed in `PRE_TOKENIZERS` are
-converted; any other (or a tokenizer that is not byte-level BPE) is refused in one line.
+converted (Gemma 4's SentencePiece-style BPE among them); any other, or a tokenizer that is
+neither BPE nor SentencePiece (`spm.py`, ctx's own code), is refused in one line.
 
 The conversion is cached as JSON under `locations.model_cache()`, keyed by the GGUF's
 identity, and loaded on the first count: a build that takes only the GGUF's template or
@@ -53,6 +54,10 @@ TEKKEN = (
     r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
     r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen 3.5's: Qwen 2's, with marks (\p{M}) among the letters.
+QWEN35 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # GPT-4o's (Llama 4), the same letters with contractions, and digits three at a time.
 GPT4O = (
     r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS + "?"
@@ -68,6 +73,10 @@ class PreTokenizer:
 
     regexes: tuple[str, ...]
     ignore_merges: bool = False
+    context: bool = True  # whether `context_of`'s argument holds for it
+    # SentencePiece-style BPE (Gemma 4): spaces written "▁", the merges on raw UTF-8, and a
+    # character the vocabulary lacks spelled in its bytes' tokens `<0xXX>`
+    spaces: bool = False
 
 
 _SMOLLM = PreTokenizer((DIGIT, GPT2))
@@ -77,10 +86,48 @@ _LLAMA3_MERGED = PreTokenizer((LLAMA3,))
 _QWEN2 = PreTokenizer((QWEN2,))
 _TEKKEN = PreTokenizer((TEKKEN,), ignore_merges=True)
 _GPT4O = PreTokenizer((GPT4O,))
+_QWEN35 = PreTokenizer((QWEN35,))
+# Falcon's: runs of punctuation and ASCII symbols apart, GPT-2's splitter, then three ASCII digits
+# apart; DeepSeek Coder's: newlines, letters, punctuation, CJK and Hangul runs, digits one by one
+# (each a `std::regex` in llama.cpp on its classes of the characters, which these say on the text;
+# it runs the CJK one on text where a non-ASCII space is a vertical tab: U+1680 and U+3000 lie in its
+# range U+0800-U+4E00 and are no CJK there)
+_FALCON = PreTokenizer((r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9][0-9][0-9]"), context=False)
+_CJK = "(?:(?!\\s)[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff])+"
+_DEEPSEEK_CODER = PreTokenizer((r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, DIGIT), context=False)
+# DeepSeek LLM's: newlines; cased letters (the class its tokenizer.json names); ASCII and
+# fullwidth punctuation and quotes; trailing spaces; CJK and Hangul runs; digit runs
+_CASED = (
+    "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
+    "\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5"
+    "\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba"
+    "\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45"
+    "\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-"
+    "\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107"
+    "\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f"
+    "\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d"
+    "\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17"
+    "\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb"
+    "\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943"
+)
+_DEEPSEEK_LLM = PreTokenizer(
+    (
+        r"[\r\n]",
+        rf"\s?[{_CASED}]+",
+        "\\s?(?:(?!\\s)[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002])+",
+        r"\s+\z",
+        _CJK,
+        r"\p{N}+",
+    ),
+    context=False,
+)
+# Gemma 4's: lines and runs of newlines, each merged whole (llama.cpp's LLAMA_VOCAB_PRE_TYPE_GEMMA4)
+GEMMA4 = PreTokenizer((r"[^\n]+|[\n]+",), spaces=True, context=False)
 
-# `tokenizer.ggml.pre` -> the pre-tokenizer llama.cpp uses for it. Only those llama.cpp splits
-# with its hand-written splitters (GPT-2, Llama 3, Qwen 2) or, for the digits, with a regex
-# whose meaning does not depend on its std::regex emulation of Unicode classes.
+# `tokenizer.ggml.pre` -> the pre-tokenizer llama.cpp uses for it. Those llama.cpp splits with
+# its hand-written splitters (GPT-2, Llama 3, Qwen 2) or with a regex whose meaning, under its
+# std::regex emulation of Unicode classes, the regex here says on the real text (each proved
+# against llama-server: tests/realserver/test_model_hf_real.py, test_llama_vocab_real.py).
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **dict.fromkeys(
         ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b", "mellum2"), _SMOLLM
@@ -100,6 +147,11 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     ),
     "tekken": _TEKKEN,
     **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O),
+    **dict.fromkeys(("gemma4", "granite-embed-multi-311m"), GEMMA4),
+    "qwen35": _QWEN35,
+    "falcon": _FALCON,
+    "deepseek-coder": _DEEPSEEK_CODER,
+    "deepseek-llm": _DEEPSEEK_LLM,
 }
 
 
@@ -120,6 +172,10 @@ class Loaded:
     split: Callable[[str], tuple[list[str], int]] | None = None
     matched: tuple[str, ...] = ()  # every token matched in the text before pre-tokenizing
     unknown: int | None = None  # the id standing for a byte the vocabulary lacks, counted as nothing
+    # a tokenizer of ctx's own (SentencePiece, `spm.py`) in place of `tokenizer`: a text's ids,
+    # and the end of a text that decides how what follows it is counted
+    encode: Callable[[str], list[int]] | None = None
+    context: Callable[[str], str] | None = None
 
 
 class ModelCounter(TokenCounter):
@@ -153,7 +209,10 @@ class ModelCounter(TokenCounter):
         return self.loaded().added
 
     def _end(self, text: str) -> str:
-        return context_of(text, self.loaded().matched)
+        loaded = self.loaded()
+        if loaded.context is not None:
+            return loaded.context(text)
+        return context_of(text, loaded.matched)
 
     def _one(self, text: str) -> int:
         known = self._counted.pop(text, None)
@@ -163,6 +222,8 @@ class ModelCounter(TokenCounter):
 
     def _encoded(self, texts: list[str]) -> list[int]:
         loaded = self.loaded()
+        if loaded.encode is not None:
+            return [len(loaded.encode(text)) for text in texts]
         unknown = loaded.unknown
 
         def length(ids: list[int]) -> int:
@@ -181,6 +242,8 @@ class ModelCounter(TokenCounter):
         special tokens overlap, `tokenizers`' own partition stands in for llama.cpp's: the ids
         may differ there, never the count."""
         loaded = self.loaded()
+        if loaded.encode is not None:
+            return loaded.encode(text)
         ids = _batch(loaded.tokenizer, [text])[0]
         return [i for i in ids if i != loaded.unknown] if loaded.unknown is not None else list(ids)
 
@@ -225,9 +288,11 @@ def gguf_counter(path: Path, model: Gguf | None = None) -> ModelCounter:
     """A counter that counts a text as llama.cpp does with this GGUF's vocabulary
     (`parse_special=true`, nothing added): checked now, loaded on first use."""
     model = read_gguf(path) if model is None else model
+    added = int(model.add_bos) + int(model.add_eos)
+    if model.tokenizer_model == "llama":
+        return _sentencepiece_counter(model, added)
     pre = _supported(model)
     label = f"gguf {model.path.name} (BPE, {model.vocab_size:,} tokens)"
-    added = int(model.add_bos) + int(model.add_eos)
 
     def load() -> Loaded:
         tokenizer = _cached_tokenizer(model, pre)
@@ -238,6 +303,33 @@ def gguf_counter(path: Path, model: Gguf | None = None) -> ModelCounter:
         unknown = tokenizer.token_to_id(UNKNOWN_BYTE)
         bos = model.bos_text if model.add_bos else ""  # only a BOS the server adds is left to it
         return Loaded(tokenizer, specials, bos, added, split, tuple(matched), unknown)
+
+    return ModelCounter(label, load, context=pre.context)
+
+
+def _newlines_merge_whole(model: Gguf, tokenizer: Any) -> None:
+    """Gemma 4's piece of newlines that is itself a token is that token in llama.cpp, merges or
+    not (llama-vocab.cpp: "fix for gemma 4"); the converted tokenizer merges it. Where the
+    merges do not make it whole the two differ (and which llama.cpp a user runs, before or after
+    that fix, decides): refused. Gemma 4's own merges make every one whole."""
+    for i, text in enumerate(model.typed_tokens()[0]):
+        if text and not text.strip("\n") and tokenizer.encode(text, add_special_tokens=False).ids != [i]:
+            message = f"its merges do not make the token {text!r} whole, as llama.cpp takes it; use --tokenizer server"
+            raise ConfigError(str(model.path), "tokenizer.ggml.merges", message)
+
+
+def _sentencepiece_counter(model: Gguf, added: int) -> ModelCounter:
+    """A SentencePiece GGUF's counter: llama.cpp's algorithm in ctx's own code (`spm.py`)."""
+    label = f"gguf {model.path.name} (SentencePiece, {model.vocab_size:,} tokens)"
+    if TOKENS not in model.metadata:
+        raise ConfigError(str(model.path), TOKENS, "is missing: the file has no vocabulary")
+
+    def load() -> Loaded:
+        from .spm import sentencepiece
+
+        tokenizer = sentencepiece(model)
+        bos = model.bos_text if model.add_bos else ""
+        return Loaded(None, gguf_controls(model), bos, added, encode=tokenizer.encode, context=tokenizer.context)
 
     return ModelCounter(label, load, context=True)
 
@@ -250,14 +342,14 @@ def gguf_controls(model: Gguf) -> tuple[str, ...]:
     tokens names none."""
     if TOKENS not in model.metadata:
         return ()
-    tokens, vocab, types = _llama_cpp_vocabulary(model, *model.typed_tokens(), strict=False)
+    tokens, vocab, types = llama_cpp_vocabulary(model, *model.typed_tokens(), strict=False)
     # the added tokens as `tokenizers` keeps those of `gguf_tokenizer_json`: one for each text,
     # at the id the vocabulary gives it, special as its last entry says
     special = {text: kind != USER_DEFINED for text, kind in zip(tokens, types, strict=False) if kind in _ADDED}
     return tuple(text for text in sorted(special, key=vocab.__getitem__) if special[text] or _MARKUP.fullmatch(text))
 
 
-def _llama_cpp_vocabulary(
+def llama_cpp_vocabulary(
     model: Gguf, tokens: tuple[str, ...], types: tuple[int, ...], *, strict: bool = True
 ) -> tuple[list[str], dict[str, int], list[int]]:
     """The GGUF's tokens (an empty one by llama.cpp's name for it), each text's id (a text twice:
@@ -334,11 +426,11 @@ def _crossed(text: str, cut: int, matched: tuple[str, ...]) -> bool:
 
 def _supported(model: Gguf) -> PreTokenizer:
     where = str(model.path)
-    if model.tokenizer_model != "gpt2":
+    if model.tokenizer_model not in ("gpt2", "gemma4"):
         kind = model.tokenizer_model or "none"
         message = f"ctx does not count the {kind!r} tokenizer itself; use --tokenizer server"
         raise ConfigError(where, "tokenizer.ggml.model", message)
-    name = model.pre or "default"
+    name = "gemma4" if model.tokenizer_model == "gemma4" else model.pre or "default"  # as llama.cpp sets it
     pre = PRE_TOKENIZERS.get(name)
     if pre is None:
         message = f"ctx does not count the {name!r} pre-tokenizer itself; use --tokenizer server"
@@ -409,13 +501,19 @@ def gguf_tokenizer_json(model: Gguf, pre: PreTokenizer | None = None) -> dict[st
     pre = _supported(model) if pre is None else pre
     vocabulary = model.vocabulary()
     where = str(model.path)
-    tokens, vocab, types = _llama_cpp_vocabulary(model, vocabulary.tokens, vocabulary.token_types)
+    tokens, vocab, types = llama_cpp_vocabulary(model, vocabulary.tokens, vocabulary.token_types)
     # A byte the vocabulary has no token for stays between its neighbours in llama.cpp (they
     # never merge across it) and then counts as nothing; `tokenizers` would drop it before
     # merging, joining them. It is kept as an unknown token of an id past the vocabulary's,
     # which the counter does not count.
     unknown = None
-    if any(char not in vocab for char in _BYTE_CHARS):
+    if pre.spaces:
+        # llama.cpp spells a character the vocabulary lacks in its bytes' tokens, and leaves
+        # out a byte that has none; `tokenizers` would take the whole character as unknown
+        if missing := [f"<0x{b:02X}>" for b in range(256) if f"<0x{b:02X}>" not in vocab]:
+            message = f"has no byte token {missing[0]}, which llama.cpp leaves out; use --tokenizer server"
+            raise ConfigError(where, TOKENS, message)
+    elif any(char not in vocab for char in _BYTE_CHARS):
         unknown = UNKNOWN_BYTE
         vocab[UNKNOWN_BYTE] = len(tokens)
     if not vocabulary.merges:  # llama.cpp refuses such a file too ("cannot find tokenizer merges")
@@ -438,15 +536,16 @@ def gguf_tokenizer_json(model: Gguf, pre: PreTokenizer | None = None) -> dict[st
         {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False} for regex in pre.regexes
     ]
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    spaces = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
     return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
         "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [*splits, byte_level]},
+        "normalizer": spaces if pre.spaces else None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": splits if pre.spaces else [*splits, byte_level]},
         "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+        "decoder": None if pre.spaces else byte_level,
         "model": {
             "type": "BPE",
             "dropout": None,
@@ -454,7 +553,7 @@ def gguf_tokenizer_json(model: Gguf, pre: PreTokenizer | None = None) -> dict[st
             "continuing_subword_prefix": None,
             "end_of_word_suffix": None,
             "fuse_unk": False,
-            "byte_fallback": False,
+            "byte_fallback": pre.spaces,
             "ignore_merges": pre.ignore_merges,
             "vocab": vocab,
             "merges": merges,
@@ -568,6 +667,8 @@ def _cached_tokenizer(model: Gguf, pre: PreTokenizer) -> Any:
         tokenizer = Tokenizer.from_str(text)
     except Exception as exc:
         raise ConfigError(str(model.path), None, f"its vocabulary does not convert: {_first_line(exc)}") from None
+    if pre.spaces:
+        _newlines_merge_whole(model, tokenizer)  # checked once, before the conversion is cached
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(cached, text)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from server import (  # noqa: F401 - the tests import these from here
     CONTEXT,
+    SETUP,
     SLOTS,
     ServerProblem,
     built,
@@ -88,6 +89,17 @@ def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         yield served_here
     finally:
         served_here.close()
+
+
+@pytest.fixture(scope="session")
+def llama_vocab() -> Path:
+    """The folder of the pinned llama.cpp's tokenizer test vocabularies and their vectors
+    (`ggml-vocab-*.gguf`, `.inp`, `.out`), as setup.sh --check names it (LLAMA_VOCAB)."""
+    found = subprocess.run(["sh", str(SETUP), "--check"], capture_output=True, text=True, timeout=300)
+    paths = dict(line.split("=", 1) for line in found.stdout.splitlines() if "=" in line)
+    if found.returncode or "LLAMA_VOCAB" not in paths:
+        pytest.fail(f"{found.stderr.strip()} (tests/realserver/setup.sh keeps llama.cpp's test vocabularies)")
+    return Path(paths["LLAMA_VOCAB"])
 
 
 @pytest.fixture

@@ -8,10 +8,14 @@
 #   SMOLLM2_GGUF=/…/smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf
 #   MISTRAL_COMMON_PYTHON=/…/mistral-common-1.13.1/venv/bin/python
 #   MISTRAL_COMMON_DATA=/…/mistral-common-1.13.1/data
+#   LLAMA_VOCAB=/…/llama-vocab-0.3.36
 #
 # The third is mistral-common, Mistral's reference tokenizer (test_mistral_real.py): its pinned
 # wheel in a venv of its own (its dependencies, pydantic, numpy, ..., are none of ctx's), and the
-# tokenizer files the wheel ships, unzipped beside it.
+# tokenizer files the wheel ships, unzipped beside it. The last is llama.cpp's own tokenizer test
+# vocabularies (its models/ggml-vocab-*.gguf and their .inp/.out vectors, test_llama_vocab_real.py),
+# kept from the same sdist before its sources are deleted (or taken from it again, when the
+# server was built before they were kept).
 #
 # --check only checks and prints (exit 1 when something is missing); it never downloads or builds.
 # The build takes about 400 CPU-seconds (4-5 minutes on two idle cores); it runs under nice with
@@ -39,6 +43,7 @@ server="$server_dir/llama-server"
 model="$model_dir/$GGUF_NAME"
 mistral_dir="$cache/mistral-common-$MISTRAL_COMMON"
 mistral_python="$mistral_dir/venv/bin/python"
+vocab_dir="$cache/llama-vocab-$LLAMA_CPP_PYTHON"
 if [ -z "${PYTHON:-}" ]; then
     if [ -x "$repo/.venv/bin/python" ]; then PYTHON="$repo/.venv/bin/python"; else PYTHON=python3; fi
 fi
@@ -48,15 +53,25 @@ sha256() { sha256sum "$1" | cut -d' ' -f1; }
 server_ok() { [ -x "$server" ] && "$server" --version >/dev/null 2>&1; }
 model_ok() { [ -f "$model" ] && [ "$(sha256 "$model")" = "$GGUF_SHA256" ]; }
 mistral_ok() { [ -f "$mistral_dir/ok" ] && "$mistral_python" -c 'import mistral_common, sentencepiece' 2>/dev/null; }
+vocab_ok() { [ -f "$vocab_dir/ok" ]; }
 report() {
     echo "LLAMA_SERVER=$server"; echo "SMOLLM2_GGUF=$model"
     echo "MISTRAL_COMMON_PYTHON=$mistral_python"; echo "MISTRAL_COMMON_DATA=$mistral_dir/data"
+    echo "LLAMA_VOCAB=$vocab_dir"
+}
+# keep_vocab LLAMA_CPP_SOURCE: its models/ggml-vocab-* into $vocab_dir, all or nothing.
+keep_vocab() {
+    rm -rf "$vocab_dir.tmp" && mkdir -p "$vocab_dir.tmp"
+    cp "$1"/models/ggml-vocab-* "$vocab_dir.tmp/"
+    touch "$vocab_dir.tmp/ok"
+    rm -rf "$vocab_dir" && mv "$vocab_dir.tmp" "$vocab_dir"
 }
 
 if [ "${1:-}" = "--check" ]; then
     server_ok || { say "no working $server: run $0"; exit 1; }
     model_ok || { say "no $model with sha256 $GGUF_SHA256: run $0"; exit 1; }
     mistral_ok || { say "no mistral-common $MISTRAL_COMMON in $mistral_dir: run $0"; exit 1; }
+    vocab_ok || { say "no llama.cpp test vocabularies in $vocab_dir: run $0"; exit 1; }
     report
     exit 0
 fi
@@ -120,6 +135,7 @@ if ! server_ok; then
         mv "$work/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp" "$src"  # one rename: all or nothing
         rm -rf "$work"
     fi
+    vocab_ok || keep_vocab "$src"
     started="$(date +%s)"
     say "building llama-server (about 400 CPU-seconds) in $build"
     # Static, no network code (no curl, no TLS), no web UI. GGML_NATIVE=OFF builds for AVX2/FMA/F16C
@@ -134,6 +150,16 @@ if ! server_ok; then
     server_ok || { say "$server does not run: $("$server" --version 2>&1 | tail -1)"; exit 1; }
     say "built in $(($(date +%s) - started)) s"
     rm -rf "$src" "$build"
+fi
+
+if ! vocab_ok; then  # a server built before the vocabularies were kept: from the sdist again
+    work="$vocab_dir.download"
+    rm -rf "$work" && mkdir -p "$work"
+    say "downloading the llama-cpp-python==$LLAMA_CPP_PYTHON sdist for llama.cpp's test vocabularies"
+    sdist="$(download 'llama_cpp_python-*.tar.gz' "$SDIST_SHA256" --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON")"
+    tar -xzf "$sdist" -C "$work" --wildcards "llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp/models/ggml-vocab-*"
+    keep_vocab "$work/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp"
+    rm -rf "$work"
 fi
 
 say "$("$server" --version 2>&1 | grep -m1 version)"
