@@ -191,6 +191,44 @@ class Pipeline:
         for key, a in Stable(search, self.policy.slack).fitting():
             yield key, a, pricer
 
+    def alternatives(self, story: Story) -> tuple[str, ...]:
+        """For a story refused at these settings, the other settings that would make it fit, each
+        with the value found by building the story at it (a binary search, a few builds each):
+        the most opening messages that fit (`--head`), and the highest tail floor that fits
+        (`[context] tail_floor`). Empty when neither would help."""
+        c = self.settings.context
+        found: list[str] = []
+        head = self._most_that_fits(story, "head_messages", c.head_messages)
+        if head is not None:
+            found.append(f"keep {head:,} opening messages, not {c.head_messages:,} (--head {head})")
+        floor = self._most_that_fits(story, "tail_floor", min(c.tail_floor, c.min_tail_messages))
+        if floor is not None:
+            found.append(
+                f"keep at least {floor:,} recent messages, not {c.tail_floor:,} ([context] tail_floor = {floor})"
+            )
+        return tuple(found)
+
+    def _most_that_fits(self, story: Story, key: str, now: int) -> int | None:
+        """The largest value below `now` of `[context] key` at which the story fits, or None."""
+        from dataclasses import replace
+
+        def fits(value: int) -> bool:
+            values: dict[str, Any] = {key: value}
+            context = replace(self.settings.context, **values)
+            other = Pipeline(replace(self.settings, context=context), emit=self.emit, count=self.count)
+            return other.build(story).assembly.refusal is None
+
+        if now <= 0 or not fits(0):
+            return None
+        low, high = 0, now - 1  # fits(low) holds; the answer is in low..high
+        while low < high:
+            middle = (low + high + 1) // 2
+            if fits(middle):
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
     def variables(self, story: Story) -> tuple[Built, dict[str, Any] | None]:
         """What `build` chose, and the variables its template saw for that assembly (None for a
         refusal): what `ctx template vars` shows template authors."""

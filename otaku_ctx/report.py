@@ -208,13 +208,18 @@ def explain_refusal(refusal: Refusal, raise_what: str = "the context", remedy: R
     return text + "."
 
 
-def refusal_message(refusal: Refusal, budget: Budget, remedy: Remedy | None = None) -> str:
+def refusal_message(
+    refusal: Refusal, budget: Budget, remedy: Remedy | None = None, alternatives: Sequence[str] = ()
+) -> str:
     """The refusal with the setting that would help: max_context when it is what caps the
-    context, else the model's window; and `ctx summarize` first, when that would help
-    (`remedy`)."""
+    context, else the model's window; `ctx summarize` first, when that would help (`remedy`);
+    then the other settings that would make it fit (`Pipeline.alternatives`)."""
     capped = 0 < budget.max_context < budget.window
     what = f"max_context (now {budget.max_context:,})" if capped else f"--window (now {budget.window:,})"
-    return explain_refusal(refusal, what, remedy)
+    text = explain_refusal(refusal, what, remedy)
+    if alternatives:
+        text = text.removesuffix(".") + ". It would also fit if you " + "; or ".join(alternatives) + "."
+    return text
 
 
 # ── Facts as data ────────────────────────────────────────────────────────────────────────

@@ -17,7 +17,7 @@ from typer.core import TyperArgument
 from .terminal import progress, terminal
 
 if TYPE_CHECKING:
-    from ..build import Built
+    from ..build import Built, Pipeline
     from ..config import Settings
     from ..story.model import Story
 
@@ -163,9 +163,10 @@ class Request:
             self.story, self.source_format, self.cards, self.conversation, self.story_bound, self.summaries
         )
 
-    def run(self) -> tuple[Built, Story]:
-        """Read the story and build it: (the `Built` result, the `Story`). What the reader
-        chose for the user (which conversation of many) is said on stderr."""
+    def run(self) -> tuple[Built, Story, Pipeline]:
+        """Read the story and build it: (the `Built` result, the `Story`, the pipeline that
+        built it). What the reader chose for the user (which conversation of many) is said on
+        stderr."""
         from ..build import Pipeline
 
         settings = self.settings()
@@ -183,7 +184,7 @@ class Request:
             terminal().say(f"ctx: lore: {note}")
         for note in built.notes:
             terminal().say(f"ctx: {note}")
-        return built, story
+        return built, story, pipeline
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -48,13 +48,14 @@ def build_cmd(
     from ..errors import ContextOverflow
     from ..files import write_output
 
-    built, told = request.run()
+    built, told, pipeline = request.run()
     a, io = built.assembly, terminal()
     if a.refusal or built.prompt is None:
         from ..report import refusal_message, remedy
 
         assert a.refusal is not None
-        raise ContextOverflow(a, f"{story}: {refusal_message(a.refusal, built.budget, remedy(a, told, story))}")
+        said = refusal_message(a.refusal, built.budget, remedy(a, told, story), pipeline.alternatives(told))
+        raise ContextOverflow(a, f"{story}: {said}")
     if output is None:
         # A person at a terminal gets the cursor back on a new line; a pipe gets the prompt exactly.
         newline = "\n" if io.stdout_tty and not built.prompt.endswith("\n") else ""
@@ -78,7 +79,7 @@ def inspect_cmd(
     """Show which case STORY's prompt is, its sections and its budget."""
     from ..report import facts
 
-    built, told = request.run()
+    built, told, _ = request.run()
     data = facts(built, told.hidden, told, story)
     if as_json:
         write_stdout(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
