@@ -4,7 +4,8 @@
 #   sh install.sh                 # venv in ~/.otaku/venv, link in ~/.local/bin
 #   PYTHON=python3.12 sh install.sh
 #   CTX_BIN_DIR=/usr/local/bin sh install.sh
-#   CTX_EXTRAS=model sh install.sh  # also what --use needs: tokenizers, jinja2, sentencepiece
+#   CTX_EXTRAS= sh install.sh       # without the model extra (what exact counting with --use needs:
+#                                 # tokenizers, jinja2, sentencepiece), installed by default
 #
 # Packages come from PyPI; nothing else is downloaded, then or at run time.
 set -eu
@@ -14,7 +15,7 @@ home=${OTAKU_HOME:-$HOME/.otaku}
 venv="$home/venv"
 bindir=${CTX_BIN_DIR:-$HOME/.local/bin}
 python=${PYTHON:-python3}
-extras=${CTX_EXTRAS:-}
+extras=${CTX_EXTRAS-model}
 target=$here
 [ -z "$extras" ] || target="$here[$extras]"
 

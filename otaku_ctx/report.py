@@ -208,6 +208,10 @@ def explain_refusal(refusal: Refusal, raise_what: str = "the context", remedy: R
     return text + "."
 
 
+# The counters that know no model: a count by them is OpenAI's (or a guess), not the model's.
+GENERIC_COUNTERS = ("cl100k_base", "estimate")
+
+
 def refusal_message(
     refusal: Refusal, budget: Budget, remedy: Remedy | None = None, alternatives: Sequence[str] = ()
 ) -> str:
@@ -280,6 +284,7 @@ def facts(built: Built, story_hidden: int = 0, story: Story | None = None, shown
         "reserve": built.budget.reserve,
         "reserve_source": built.budget.reserve_source,
         "tokenizer": built.tokenizer,
+        "tokenizer_is_the_models": built.tokenizer not in GENERIC_COUNTERS,
         "controls": {"spelled": list(built.controls), "broken_up": built.text_form} if built.controls else None,
         "names": {"char": asdict(names.char), "user": asdict(names.user)} if names else None,
         "head": _range(a.head),

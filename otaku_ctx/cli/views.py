@@ -99,7 +99,8 @@ def explain(facts: dict[str, Any], *, steps: bool = True) -> Group:
     budget.add_row("limit", f"{facts['limit']:,}")
     budget.add_row("reserve", f"{facts['reserve']:,} ({facts['reserve_source']})")
     budget.add_row("context", f"{context:,} (window {facts['window']:,}, max_context {facts['max_context']:,})")
-    budget.add_row("tokenizer", facts["tokenizer"])
+    generic = "" if facts.get("tokenizer_is_the_models", True) else " (OpenAI's count, not your model's: --use MODEL)"
+    budget.add_row("tokenizer", facts["tokenizer"] + generic)
     budget.add_row(
         "messages", f"{facts['messages']:,}" + (f" (+{facts['hidden']} hidden)" if facts.get("hidden") else "")
     )

@@ -4,4 +4,4 @@ window. Each counter here is a `tokens.TokenCounter` that counts a text as the m
 server parses it."""
 
 # What a user without the `model` extra is told to run, wherever a model's file needs it.
-INSTALL = "pip install 'otaku-ctx[model]' (with install.sh: CTX_EXTRAS=model sh install.sh)"
+INSTALL = "pip install 'otaku-ctx[model]' (sh install.sh installs it, unless CTX_EXTRAS is set without it)"
