@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from .status import ExitStatus
@@ -97,3 +98,12 @@ class InputError(FileError):
 
 class OutputError(FileError):
     """A file `-o` must not or cannot write: an input of the run, write-protected, ..."""
+
+
+def did_you_mean(given: str, known: Sequence[str]) -> str:
+    """ ", did you mean 'chatml'?" for a name one typo away from a known one (as Click says of a
+    flag or a command), else ""."""
+    from difflib import get_close_matches
+
+    close = get_close_matches(given, known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

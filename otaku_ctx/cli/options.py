@@ -99,13 +99,35 @@ _shared("card", Cards)
 _shared("conversation", Conversation)
 _shared("max_story_size", MaxStorySize)
 _shared("summaries", Summaries)
-_shared("template", str | None, "prompt.template", metavar="NAME|FILE", help="Context template: a name or a .hbs file.")
+
+
+def _named(folder: str, suffix: str) -> Callable[[str], list[str]]:
+    """Shell completion of a name the shipped or the user's `folder` holds (a format, a template)."""
+
+    def complete(incomplete: str) -> list[str]:
+        from ..locations import search_dirs
+
+        names = {p.stem for d in search_dirs(folder) if d.is_dir() for p in d.glob(f"*{suffix}")}
+        return sorted(n for n in names if n.startswith(incomplete))
+
+    return complete
+
+
+_shared(
+    "template",
+    str | None,
+    "prompt.template",
+    metavar="NAME|FILE",
+    help="Context template: a name or a .hbs file.",
+    autocompletion=_named("templates", ".hbs"),
+)
 _shared(
     "format",
     str | None,
     "prompt.format",
     metavar="NAME|FILE",
     help="Prompt format: a name, a .toml, a preset .json, or a model's template (.jinja, tokenizer_config.json, .gguf)",
+    autocompletion=_named("formats", ".toml"),
 )
 _shared("user", str | None, "prompt.user", metavar="NAME", help="The user's persona name ({{user}}).")
 _shared("char", str | None, "prompt.char", metavar="NAME", help="The character's name ({{char}}).")

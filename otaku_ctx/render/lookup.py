@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 from ..files import read_input, utf8_text
 from ..hbs import Template, cached_template
 from ..locations import search_dirs, shipped, template_cache
@@ -37,7 +37,10 @@ def load_template(name_or_path: str, dirs: Sequence[Path] | None = None) -> Prom
         found = [p for d in dirs if os.path.lexists(p := d / f"{name_or_path}.hbs")]
         if not found:  # a name that is there but no file (a device, a dangling link) is read, and named
             names = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.hbs")})
-            raise ConfigError(name_or_path, None, f"no template named {name_or_path!r}; known: {', '.join(names)}")
+            guess = did_you_mean(name_or_path, names)
+            raise ConfigError(
+                name_or_path, None, f"no template named {name_or_path!r}{guess} (known: {', '.join(names)})"
+            )
         path = found[0]
     # CRLF stays CRLF and a byte-order mark stays, as Handlebars.js reads a template.
     source = utf8_text(read_input(path, "template"), path, drop_bom=False)

@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from ...errors import ConfigError
+from ...errors import ConfigError, did_you_mean
 from .gguf import is_gguf, read_gguf_template
 from .jinja_file import read_jinja
 from .model import Format
@@ -39,5 +39,7 @@ def load_format(name_or_path: str, search_dirs: Sequence[Path]) -> Format:
         path = Path(folder) / f"{name_or_path}.toml"
         if os.path.lexists(path):  # a device or a dangling link there is named, not passed over
             return read_format(path)
-    known = ", ".join(format_names(search_dirs)) or "none"
-    raise ConfigError(name_or_path, None, f"no such format (known: {known})")
+    names = format_names(search_dirs)
+    raise ConfigError(
+        name_or_path, None, f"no such format{did_you_mean(name_or_path, names)} (known: {', '.join(names) or 'none'})"
+    )
