@@ -12,7 +12,9 @@ size of a bare `python -c pass`). For each size it times, in rounds of one run o
 that the machine's drift falls on every column alike):
 
 - floor: the configured Python starting, importing json and reading the story file — what
-  any Python tool pays before it does anything; "+parse" also json-decodes every line.
+  any Python tool pays before it does anything; "+parse" also json-decodes every line
+  (the standard library's json: issue 24's parse floor), "+orjson" decodes them with orjson,
+  line by line, as ctx's reader does.
 - ctx: `ctx build STORY --template T` for each template (`default`, `serene`), run from the
   checkout this script lives in (`PYTHONPATH=<repo> <python> -c "...entry()"`) with the
   interpreter given by --python (default: the one running this script), or the command
@@ -58,6 +60,7 @@ TEMPLATES = ["default", "serene"]
 ENTRY = "import sys; from otaku_ctx.__main__ import entry; sys.argv[0] = 'ctx'; entry()"
 FLOOR = "import json, sys\nwith open(sys.argv[1], encoding='utf-8') as f: f.read()"
 PARSE = "import json, sys\nwith open(sys.argv[1], encoding='utf-8') as f:\n    for line in f: json.loads(line)"
+PARSE_ORJSON = "import orjson, sys\nwith open(sys.argv[1], 'rb') as f:\n    for line in f: orjson.loads(line)"
 # The machine's speed while the row was timed: a fixed loop of pure Python. This workplace's
 # machines are shared and their speed drifts within a session (this loop has read 210 ms and
 # 350 ms a minute apart); figures from two runs compare only at the same yardstick.
@@ -315,6 +318,7 @@ def sizes(s: Setup, args: argparse.Namespace) -> None:
         jobs = {
             "floor": ([s.python, "-c", FLOOR, str(story)], s.env, args.timeout),
             "parse": ([s.python, "-c", PARSE, str(story)], s.env, args.timeout),
+            "orjson": ([s.python, "-c", PARSE_ORJSON, str(story)], s.env, args.timeout),
             "yardstick": ([s.python, "-c", YARDSTICK], s.env, args.timeout),
         }
         for template in args.templates:
@@ -360,30 +364,32 @@ def report(rows: list[dict], s: Setup, args: argparse.Namespace) -> None:
     t = args.templates
     first, second = t[0], t[-1]
     print(f"\n## whole process, median of {args.repeats} runs (¹ = one run: slower than {args.slow:g}s)\n")
-    heads = ["messages", "file", "floor", "+parse", *[f"ctx {x}" for x in t], "otaku 0.8", "yardstick"]
+    heads = ["messages", "file", "floor", "+parse", "+orjson", *[f"ctx {x}" for x in t], "otaku 0.8", "yardstick"]
     print("| " + " | ".join(heads) + " |")
     print("|" + "|".join("---:" for _ in heads) + "|")
     for r in rows:
-        cells = [f"{r['n']:,}", f"{r['mb']:.1f}MB", r["floor"].cell(), r["parse"].cell()]
+        cells = [f"{r['n']:,}", f"{r['mb']:.1f}MB", r["floor"].cell(), r["parse"].cell(), r["orjson"].cell()]
         cells += [r[x].cell() for x in t] + [r["otaku"].cell(), r["yardstick"].cell()]
         print("| " + " | ".join(cells) + " |")
     print("\n## ratios (below 1: ctx is faster)\n")
-    heads = ["messages", *[f"{x}/otaku" for x in t], *[f"{x}/floor" for x in t]]
+    floors = [("floor", "floor"), ("parse", "+parse"), ("orjson", "+orjson")]
+    heads = ["messages", *[f"{x}/otaku" for x in t], *[f"{x}/{shown}" for _, shown in floors for x in t]]
     if len(t) > 1:
         heads.append(f"{second}/{first}")
     print("| " + " | ".join(heads) + " |")
     print("|" + "|".join("---:" for _ in heads) + "|")
     for r in rows:
-        cells = [f"{r['n']:,}"] + [ratio(r[x], r["otaku"]) for x in t] + [ratio(r[x], r["floor"]) for x in t]
+        cells = [f"{r['n']:,}"] + [ratio(r[x], r["otaku"]) for x in t]
+        cells += [ratio(r[x], r[floor]) for floor, _ in floors for x in t]
         if len(t) > 1:
             cells.append(ratio(r[second], r[first]))
         print("| " + " | ".join(cells) + " |")
     print("\n## peak RSS (largest of the runs)\n")
-    heads = ["messages", "floor", "+parse", *[f"ctx {x}" for x in t], "otaku 0.8"]
+    heads = ["messages", "floor", "+parse", "+orjson", *[f"ctx {x}" for x in t], "otaku 0.8"]
     print("| " + " | ".join(heads) + " |")
     print("|" + "|".join("---:" for _ in heads) + "|")
     for r in rows:
-        ms = [r["floor"], r["parse"], *[r[x] for x in t], r["otaku"]]
+        ms = [r["floor"], r["parse"], r["orjson"], *[r[x] for x in t], r["otaku"]]
         print(f"| {r['n']:,} | " + " | ".join(f"{m.rss:.0f}MB" if m.rss else "-" for m in ms) + " |")
     if args.counters:
         print(f"\n## the {first} build by other counters (same rounds; ratio to cl100k_base's)\n")

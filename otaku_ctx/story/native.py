@@ -15,6 +15,7 @@ collects every problem, so `ctx validate` can report them all at once.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 from collections.abc import Iterable, Iterator
@@ -24,7 +25,7 @@ from typing import Any
 
 from ..errors import StoryError
 from ..files import reading
-from .jsonload import JSONProblem, loads
+from .jsonload import JSONProblem, QuickError, loads, quick_loads
 from .model import ROLES, Card, Lore, LoreEntry, Message, Scene, Story, StoryInfo
 from .worldinfo import entry_from_world_info
 
@@ -83,7 +84,8 @@ def _text(value: Any) -> str | None:
 
 
 def _add_message(b: StoryBuilder, number: int, obj: dict[str, Any]) -> None:
-    role = _ROLE.get(obj.get("role"))  # type: ignore[arg-type]
+    role = obj.get("role")
+    role = _ROLE.get(role) if isinstance(role, str) else None  # a list or an object is no role either
     content = obj.get("content")
     name = obj.get("name")
     if role is None or type(content) is not str or (name is not None and type(name) is not str):
@@ -104,7 +106,7 @@ def _checked_message(b: StoryBuilder, number: int, obj: dict[str, Any]) -> str |
     if role is None:
         b.error(number, 'a message needs "role" ("user", "assistant" or "system")')
         return None
-    if role not in _ROLE:
+    if not isinstance(role, str) or role not in _ROLE:
         b.error(number, f'unknown role {role!r}; expected "user", "assistant" or "system"')
         return None
     if "content" not in obj:
@@ -318,14 +320,21 @@ def read_records(path: Path, problems: list[Problem]) -> Iterator[tuple[int, Any
 
 def _decoded(lines: Iterable[tuple[int, str | bytes]], problems: list[Problem]) -> Iterator[tuple[int, Any]]:
     """Yield (line number, decoded JSON) of each non-blank line; a line that does not decode
-    is reported in `problems` (with its line and column) and skipped."""
+    is reported in `problems` (with its line and column) and skipped. Each line goes to the
+    quick decoder first: no line it accepts is blank, and what it refuses (a blank line, a
+    broken one, or one only the careful decoder reads) is looked at again."""
     for number, text in lines:
-        if text.isspace() or not text:
-            continue
         try:
-            yield number, loads(text)
-        except JSONProblem as exc:
-            problems.append(Problem(number, exc.message))
+            obj = quick_loads(text)
+        except QuickError:
+            if text.isspace() or not text:
+                continue
+            try:
+                obj = loads(text)
+            except JSONProblem as exc:
+                problems.append(Problem(number, exc.message))
+                continue
+        yield number, obj
 
 
 def parse_lines(path: Path, lines: Iterable[tuple[int, str]]) -> tuple[Story, list[Problem]]:
@@ -341,54 +350,74 @@ def parse_records(
     `problems` (the decoder's, filled as `records` is consumed) are merged in line order."""
     b = StoryBuilder(path)
     decoding = problems if problems is not None else []
-    nonblank = 0
+    with uncollected():
+        any_record = _add_records(b, records)
+        if decoding:
+            b.problems = sorted([*decoding, *b.problems], key=lambda p: p.line or 0)
+        if not any_record and not decoding:
+            b.error(None, "the file is empty; a story needs at least one message")
+        elif not b.messages and not any(p.severity == "error" for p in b.problems):
+            b.error(None, "the story has no messages (only system lines, scenes or cards are not enough)")
+        scenes = check_scenes(b)
+        story = Story(
+            path=path,
+            messages=tuple(b.messages),
+            scenes=tuple(scenes),
+            system="\n\n".join(b.system),
+            info=StoryInfo(**b.info),
+            lore=tuple(b.lore),
+            world=tuple(b.world),
+        )
+    return story, b.problems
+
+
+def _add_records(b: StoryBuilder, records: Iterable[tuple[int, Any]]) -> bool:
+    """Add each record to the story being built; whether there was any."""
+    number = None
+    messages, names, role_of = b.messages, b.names, _ROLE
+    for number, obj in records:
+        if type(obj) is dict and "type" not in obj:  # the common case, inline: a plain message
+            role = obj.get("role")
+            role = role_of.get(role) if type(role) is str else None
+            content = obj.get("content")
+            name = obj.get("name")
+            if role is not None and type(content) is str and messages and (name is None or type(name) is str):
+                if name:
+                    name = names.setdefault(name, name)
+                messages.append(Message(len(messages) + 1, role, content, name or None, None, number))  # type: ignore[arg-type]
+                continue
+            _add_message(b, number, obj)
+            continue
+        if type(obj) is not dict:
+            b.error(number, f"expected a JSON object, found {type(obj).__name__}")
+            continue
+        kind = obj.get("type", "message")
+        handler = HANDLERS.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            b.error(number, f'unknown record type {kind!r}; expected "message", "card", "scene", "story" or "lore"')
+            continue
+        handler(b, number, obj)
+    return number is not None
+
+
+@contextlib.contextmanager
+def uncollected() -> Iterator[None]:
+    """The cyclic garbage collector kept off a story while it is made: a story is a great many
+    small acyclic objects, nothing for the collector to find. Made, they go to its oldest
+    generation unexamined (`freeze`, then `unfreeze`, which thaws into the oldest), there to
+    wait for the next full collection; left young, each of them would be examined by the next
+    two collections, to find nothing (tens of milliseconds for 100k messages). Objects someone
+    else froze (a server before it forks) are never thawed: then the story stays young."""
     enabled = gc.isenabled()
-    gc.disable()  # a story is a great many small acyclic objects: nothing for the collector to find
+    gc.disable()
     try:
-        messages, names, role_of = b.messages, b.names, _ROLE
-        for number, obj in records:
-            nonblank += 1
-            if type(obj) is dict and "type" not in obj:  # the common case, inline: a plain message
-                role = role_of.get(obj.get("role"))  # type: ignore[arg-type]
-                content = obj.get("content")
-                name = obj.get("name")
-                if role is not None and type(content) is str and messages and (name is None or type(name) is str):
-                    if name:
-                        name = names.setdefault(name, name)
-                    messages.append(Message(len(messages) + 1, role, content, name or None, None, number))  # type: ignore[arg-type]
-                    continue
-                _add_message(b, number, obj)
-                continue
-            if type(obj) is not dict:
-                b.error(number, f"expected a JSON object, found {type(obj).__name__}")
-                continue
-            kind = obj.get("type", "message")
-            handler = HANDLERS.get(kind) if isinstance(kind, str) else None
-            if handler is None:
-                b.error(number, f'unknown record type {kind!r}; expected "message", "card", "scene", "story" or "lore"')
-                continue
-            handler(b, number, obj)
+        yield
     finally:
+        if not gc.get_freeze_count():
+            gc.freeze()
+            gc.unfreeze()
         if enabled:
             gc.enable()
-    nonblank += len(decoding)
-    if decoding:
-        b.problems = sorted([*decoding, *b.problems], key=lambda p: p.line or 0)
-    if nonblank == 0:
-        b.error(None, "the file is empty; a story needs at least one message")
-    elif not b.messages and not any(p.severity == "error" for p in b.problems):
-        b.error(None, "the story has no messages (only system lines, scenes or cards are not enough)")
-    scenes = check_scenes(b)
-    story = Story(
-        path=path,
-        messages=tuple(b.messages),
-        scenes=tuple(scenes),
-        system="\n\n".join(b.system),
-        info=StoryInfo(**b.info),
-        lore=tuple(b.lore),
-        world=tuple(b.world),
-    )
-    return story, b.problems
 
 
 def check_native(path: Path) -> tuple[Story | None, list[Problem]]:

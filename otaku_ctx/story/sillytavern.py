@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 from ..errors import StoryError
 from .jsonload import JSONProblem, loads
 from .model import Message, Scene, Story, StoryInfo
-from .native import read_lines
+from .native import read_lines, uncollected
 
 HEADER_KEYS = ("user_name", "character_name", "chat_metadata")
 UNUSED = "unused"  # what SillyTavern 1.15+ writes for both names in a header
@@ -58,6 +58,11 @@ class Memory(NamedTuple):
 
 def read_sillytavern(path: Path) -> Story:
     """Read a SillyTavern chat JSONL file into a Story; StoryError names the line of any problem."""
+    with uncollected():  # a long chat is a great many small objects, as a native story is
+        return _read_chat(path)
+
+
+def _read_chat(path: Path) -> Story:
     header: dict[str, Any] | None = None
     messages: list[Message] = []
     hidden = 0
