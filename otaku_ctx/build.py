@@ -99,12 +99,21 @@ class Pipeline:
     the story's names), `budget`, `lore`, `attempt` (assemble), `render`; `candidates` are the
     shapes the stable policy chooses among (the replay's bound)."""
 
-    def __init__(self, settings: Settings, *, emit: str = "text", count: TokenCounter | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        emit: str = "text",
+        count: TokenCounter | None = None,
+        prices: Prices | None = None,
+    ) -> None:
         c = settings.context
         self.settings, self.emit = settings, emit
         self.count = count or counter_for(settings)
         self.shape, self.policy, self.rules = c.shape(), c.policy(), settings.lore.rules()
-        self.prices = Prices()  # the parts' derived prices, kept from one build to the next
+        # the parts' derived prices, kept from one build to the next (keyed by all they depend on,
+        # so a pipeline of other settings may share them)
+        self.prices = prices or Prices()
 
     @cached_property
     def binder(self) -> Binder:
@@ -215,7 +224,9 @@ class Pipeline:
         def fits(value: int) -> bool:
             values: dict[str, Any] = {key: value}
             context = replace(self.settings.context, **values)
-            other = Pipeline(replace(self.settings, context=context), emit=self.emit, count=self.count)
+            other = Pipeline(
+                replace(self.settings, context=context), emit=self.emit, count=self.count, prices=self.prices
+            )
             return other.build(story).assembly.refusal is None
 
         if now <= 0 or not fits(0):

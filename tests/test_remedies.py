@@ -50,3 +50,21 @@ def test_the_head_a_refusal_names_is_the_most_that_fits(tmp_path: Path) -> None:
     assert 0 <= head < 60
     assert build("--window", "1200", "--head", str(head), "--config", small)[0] == 0
     assert build("--window", "1200", "--head", str(head + 1), "--config", small)[0] == 3
+
+
+def test_a_long_chat_far_over_the_window_is_refused_without_rendering_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chat of thousands of messages and no summaries: the smallest prompt is the parts' sum
+    (FAR_OVER times the limit), not a render of every message (which passed the render bound
+    at 100,000 messages, and cost what the story does)."""
+    from otaku_ctx.build import Pipeline
+    from otaku_ctx.config import load_settings
+    from otaku_ctx.render.pricing import TemplatePricer
+    from otaku_ctx.story.model import Message, Story
+
+    rendered: list[int] = []
+    exact = TemplatePricer.exact
+    monkeypatch.setattr(TemplatePricer, "exact", lambda self, a: rendered.append(len(a.parts)) or exact(self, a))
+    lines = (Message(i, "user" if i % 2 else "assistant", f"Row {i}: the tide comes in.") for i in range(1, 6001))
+    built = Pipeline(load_settings(overrides={"model.window": (1024, "test")})).build(Story(STORY, tuple(lines)))
+    assert built.assembly.refusal is not None and built.assembly.refusal.smallest > 8 * built.assembly.limit
+    assert all(parts < 1000 for parts in rendered)  # nothing near the story's 6,000 messages was rendered

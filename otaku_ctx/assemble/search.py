@@ -36,6 +36,11 @@ from .steps import (
     Tried,
 )
 
+# A pricer whose `exact_but_joins` is true prices each part exactly but for the tokens that join
+# across its boundaries: at most this many a boundary (render/pricing.TemplatePricer).
+JOIN_SLACK = 2
+FAR_OVER = 8  # a refused prompt priced at this many times the limit is not rendered to be counted
+
 # ── The search: cases 1 to 6, in the seed's order ──────────────────────────────────────
 
 
@@ -267,11 +272,18 @@ class Search:
             if scene.history.strip():
                 sizes[level] = rest + self.pricer.recap_part(Part("history", scene=scene)) + sum(summaries[level:])
         # The parts' sum is an upper bound; the smallest size reached is what the smallest
-        # candidate really renders to (one render, on this error path only).
+        # candidate really renders to (one render, on this error path only) — unless the pricer's
+        # prices are exact but for tokens joining across a part's boundary (JOIN_SLACK a part at
+        # most) and the sum is FAR_OVER times the limit: then the sum is the size (a few tokens
+        # off at most, of a context no window has), since rendering 100,000 verbatim messages
+        # to count them costs what the story does and passes any render bound.
         level = min(sizes, key=sizes.__getitem__)
         rung = Rung(floor, chain, opening, ending, base, 0)
         candidate = rung.candidate(self, level, 0)
-        exact = self.pricer.exact(candidate)
+        slack = JOIN_SLACK * (len(candidate.parts) + 1)
+        over = sizes[level] - slack > FAR_OVER * max(self.limit, 1)
+        far = getattr(self.pricer, "exact_but_joins", False) and over
+        exact = sizes[level] if far else self.pricer.exact(candidate)
         if exact <= self.limit:  # the parts' sum was conservative; the prompt itself fits
             self.record(FitsRendered(floor, level, sizes[level], exact, self.limit))
             return replace(candidate, tokens=exact, steps=tuple(self.steps), costs=self.section_costs(candidate))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -198,6 +199,9 @@ class Request:
             pipeline = Pipeline(settings, emit=self.emit)
             phase(f"reading {self.story}")
             story = self.read_story()
+            # One command, one story: what is read now lives to the end, so no full collection
+            # need scan it again (a 100k-row chat cost about a second of them).
+            gc.freeze()
             phase(f"building the prompt from {len(story):,} messages")
             built = pipeline.build(story)
         for note in story.notes:

@@ -71,6 +71,10 @@ class TemplatePricer:
     way; the assembler still takes the exact count of the prompt it chooses.
     """
 
+    # Each part's price is exact but for the tokens that join across its boundaries (the
+    # assembler may then take a sum far over the limit as over it, unrendered).
+    exact_but_joins = True
+
     def __init__(
         self, renderer: PromptRenderer, counter: TokenCounter, *, derive: bool = True, prices: Prices | None = None
     ) -> None:
