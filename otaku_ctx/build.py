@@ -10,7 +10,7 @@ no Rich, no printing: the CLI shows what this returns.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -167,16 +167,7 @@ class Pipeline:
             tried[keep] = self.attempt(prepared, lore.without(keep), budget)
             return tried[keep].assembly.refusal is None
 
-        low = 0
-        if fits(0):
-            high = placed - 1
-            while low < high:
-                middle = (low + high + 1) // 2
-                if fits(middle):
-                    low = middle
-                else:
-                    high = middle - 1
-        return tried[low]
+        return tried[most_that_fits(fits, placed - 1) or 0]
 
     def render(self, fitted: Attempt) -> Built:
         """The prompt of the chosen assembly, exactly as emitted (nothing for a refusal)."""
@@ -229,16 +220,7 @@ class Pipeline:
             )
             return other.build(story).assembly.refusal is None
 
-        if now <= 0 or not fits(0):
-            return None
-        low, high = 0, now - 1  # fits(low) holds; the answer is in low..high
-        while low < high:
-            middle = (low + high + 1) // 2
-            if fits(middle):
-                low = middle
-            else:
-                high = middle - 1
-        return low
+        return most_that_fits(fits, now - 1) if now > 0 else None
 
     def variables(self, story: Story) -> tuple[Built, dict[str, Any] | None]:
         """What `build` chose, and the variables its template saw for that assembly (None for a
@@ -248,6 +230,21 @@ class Pipeline:
         if built.assembly.refusal:
             return built, None
         return built, _unmarked(fitted.renderer.variables.for_assembly(*sections(built.assembly)))
+
+
+def most_that_fits(fits: Callable[[int], bool], high: int) -> int | None:
+    """The largest value in 0..`high` for which `fits` holds, where it holds for every value up
+    to some point and for none after (a binary search); None when it holds for none."""
+    if not fits(0):
+        return None
+    low = 0
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def build(story: Story, settings: Settings, *, emit: str = "text", count: TokenCounter | None = None) -> Built:
