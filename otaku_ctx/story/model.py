@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, fields
 from enum import IntEnum
 from functools import cached_property
+from itertools import compress
+from operator import attrgetter
 from pathlib import Path
 from typing import Literal
 
@@ -194,6 +197,12 @@ class LoreEntry:
         return {"isExclude": self.character_exclude, "names": names, "tags": tags}
 
 
+# What a story's every-turn scans read of each message, taken in C.
+_CONTENT = attrgetter("content")
+_SPEAKER = attrgetter("role", "name")
+_CARD = attrgetter("card")  # a Card is always true, None false
+
+
 @dataclass(frozen=True)
 class StoryInfo:
     """What a story says about itself, beyond messages: fills template variables."""
@@ -233,7 +242,7 @@ class Story:
     @cached_property
     def cards(self) -> tuple[Message, ...]:
         """The card messages, in story order (found once per story)."""
-        return tuple(m for m in self.messages if m.card is not None)
+        return tuple(compress(self.messages, map(_CARD, self.messages)))
 
     @cached_property
     def known_cards(self) -> tuple[Card, ...]:
@@ -244,9 +253,9 @@ class Story:
     def longest_text(self) -> int:
         """The characters of the story's longest single text (a message, a summary or history,
         the system message): what one render may have to hold whatever the window."""
-        texts = [len(m.content) for m in self.messages]
-        texts += [max(len(s.summary or ""), len(s.history or "")) for s in self.scenes]
-        return max([len(self.system), *texts])
+        longest = max(map(len, map(_CONTENT, self.messages)), default=0)  # in C: a chat's every turn asks
+        scenes = (max(len(s.summary or ""), len(s.history or "")) for s in self.scenes)
+        return max(len(self.system), longest, *scenes)
 
     @cached_property
     def speakers(self) -> dict[tuple[Role, str], int]:
@@ -254,6 +263,11 @@ class Story:
         has — name "" for an unnamed row — in the order each first speaks. Counted once per
         story, for everything that asks who speaks (names, personas, stop strings)."""
         counts: dict[tuple[Role, str], int] = {}
+        if not self.cards:  # counted in C (a chat's every turn asks), in the order each first speaks
+            for (role, name), n in Counter(map(_SPEAKER, self.messages)).items():
+                key = (role, name or "")
+                counts[key] = counts.get(key, 0) + n
+            return counts
         for m in self.messages:
             if m.card is None:
                 key = (m.role, m.name or "")
