@@ -3,6 +3,7 @@ tests/realserver runs it; `sh tests/realserver/setup.sh` builds it once).
 
     python benchmarks/summarize_bench.py                  # 150 messages, 3 rounds
     python benchmarks/summarize_bench.py --messages 90 --rounds 5
+    python benchmarks/summarize_bench.py --instant 1000   # the sidecar's commits, no model
 
 It starts its own llama-server on 127.0.0.1 (`-t 1 -c 8192 -np 4`: four slots of 2,048
 tokens, one thread, `--no-cache-prompt` so no run finds its prompts cached by an earlier one)
@@ -34,6 +35,18 @@ is the prompts' processing (some 8,000 prompt tokens a run against 480 generated
 compute-bound, so four slots share the thread rather than multiply it. It pays where the
 server has room to batch (a GPU, vLLM, a hosted API, llama.cpp with threads to spare).
 Benchmarks report figures; no test asserts a time.
+
+**The commits** (`--instant SCENES`): a chat of two-message scenes against the tests' own
+stand-in server, which answers at once, so the time is ctx's own. Before (issue 28, #1) each
+commit rewrote the whole sidecar (4,195 scenes took 255 s); now a commit appends its line
+(`summarize/commits.py`) and the file is rewritten twice a run. 1,000 scenes (2,000 commits,
+a 617 KB file), 3 interleaved rounds on this machine, medians:
+
+    before  62.9 s   774.0 MB written (the whole file each commit)
+    now     19.1 s   1.7 MB written (a line a commit)  3.3x
+
+What is left of "now" is the requests themselves (HTTP to a threaded stand-in in the same
+process, the checks, the counting): about 10 ms a request, flat with the story's length.
 """
 
 from __future__ import annotations
@@ -139,11 +152,99 @@ def in_process(story: Path, url: str, config: Path) -> tuple[float, list[tuple[f
     return wall, timed
 
 
+# -- the commits, against an instant server ------------------------------------------------------
+
+INSTANT = "[summarize]\nsettle = 10\nmin_chars = 100\nmin_messages = 2\nwindow = 8192\n"
+
+
+def instant(scenes: int, rounds: int) -> None:
+    """`ctx summarize` of a chat of `scenes` two-message scenes against the tests' own stand-in
+    (tests/test_summarize.py: it answers at once), in-process: the time is ctx's own, most of
+    it the sidecar's commits. Each round runs it as it commits now (`commits.Commits`: a line
+    appended a scene and a history) and as it committed before (the whole file rewritten
+    atomically each time), interleaved; medians."""
+    import threading
+
+    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_summarize import StandIn, sillytavern_chat
+
+    import otaku_ctx.summarize as summarize
+    from otaku_ctx.cli.app import main as ctx
+    from otaku_ctx.cli.terminal import Terminal
+    from otaku_ctx.files import write_atomic
+    from otaku_ctx.story.sidecar import Record, sidecar_text
+
+    class Before(summarize.Commits):
+        def commit(self, records: "list[Record]") -> None:  # noqa: UP037 - imported here
+            text = sidecar_text(records)
+            write_atomic(self.path, text)
+            self.written += len(text.encode("utf-8"))
+            self.rewrites += 1
+
+    made: list[summarize.Commits] = []
+    now = summarize.Commits
+
+    def watched(kind: type[summarize.Commits]) -> type[summarize.Commits]:
+        class Watched(kind):  # type: ignore[valid-type, misc]
+            def __init__(self, *args: object) -> None:
+                super().__init__(*args)
+                made.append(self)
+
+        return Watched
+
+    server = StandIn()
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    work = Path(tempfile.mkdtemp(prefix="summarize-commits-"))
+    config = work / "config.toml"
+    config.write_text(INSTANT, encoding="utf-8")
+    times: dict[str, list[float]] = {"before": [], "now": []}
+    written: dict[str, list[int]] = {"before": [], "now": []}
+    try:
+        for round_ in range(rounds):
+            for name in ("before", "now") if round_ % 2 == 0 else ("now", "before"):
+                folder = work / f"r{round_}-{name}"
+                folder.mkdir()
+                story = sillytavern_chat(folder / "chat.jsonl", 2 * scenes + 10, chars=60)
+                summarize.Commits = watched(Before if name == "before" else now)  # type: ignore[misc]
+                err = StringIO()
+                argv = ["summarize", str(story), "--url", server.url, "--model", "m", "--config", str(config)]
+                began = time.perf_counter()
+                code = ctx(argv, Terminal(stdin=BytesIO(), stdout=BytesIO(), stderr=err))
+                times[name].append(time.perf_counter() - began)
+                if code:
+                    sys.exit(err.getvalue())
+                written[name].append(made[-1].written)
+                size = (folder / "chat.jsonl.ctx-summaries").stat().st_size
+                print(
+                    f"round {round_ + 1} {name:>6}: {times[name][-1]:.1f} s, {made[-1].written:,} bytes written"
+                    f" for a file of {size:,}",
+                    flush=True,
+                )
+    finally:
+        summarize.Commits = now  # type: ignore[misc]
+        server.shutdown()
+        server.server_close()
+    median = statistics.median
+    before, after = median(times["before"]), median(times["now"])
+    print(f"\n{scenes:,} scenes, {rounds} rounds (medians), an instant server, in-process")
+    print(f"before  {before:.1f} s   {median(written['before']) / 1e6:,.1f} MB written (the whole file each commit)")
+    print(
+        f"now     {after:.1f} s   {median(written['now']) / 1e6:,.1f} MB written (a line a commit)  "
+        f"{before / after:.1f}x"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=150, help="the chat's length (default 150)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument("--instant", type=int, metavar="SCENES", help="time the commits of SCENES scenes instead")
     args = parser.parse_args()
+    if args.instant:
+        instant(args.instant, args.rounds)
+        return
 
     work = Path(tempfile.mkdtemp(prefix="summarize-bench-"))
     config = work / "config.toml"

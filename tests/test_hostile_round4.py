@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import CASE3
@@ -279,3 +281,300 @@ def test_a_chat_template_nested_past_python_s_limits(tmp_path: Path, template: s
     code, out, err = ctx("build", CASE3, "--format", path)
     assert (code, out) == (ExitStatus.ERROR, "")
     assert one_line(err).startswith(f"ctx: {path}: not a template ctx can run: its blocks nest too deep (Python")
+
+
+# -- #3: a server that trickles its reply (slowloris) ----------------------------------------
+
+
+def trickle(sent: list[int], gap: float) -> Callable[..., None]:
+    """A whole, valid reply: its status line at once, then a byte every `gap` seconds (each
+    well within the client's timeout); counts the bytes sent, stops when the client hangs up
+    or the test ends (a hang guard)."""
+    content = json.dumps({"choices": [{"message": {"content": "Hello there, Mara."}, "finish_reason": "stop"}]})
+    body = content.encode()
+    head = f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+
+    def respond(handler: Any) -> None:
+        handler.wfile.write(b"HTTP/1.1 200 OK\r\n")
+        handler.wfile.flush()
+        sent.append(17)
+        for byte in head + body:
+            if handler.server.released.wait(gap):
+                return
+            try:
+                handler.wfile.write(bytes([byte]))
+                handler.wfile.flush()
+            except OSError:
+                return
+            sent.append(1)
+        handler.close_connection = True
+
+    sent.append(0)
+    respond.total = 17 + len(head) + len(body)  # type: ignore[attr-defined]
+    return respond
+
+
+def test_a_reply_trickled_a_byte_at_a_time_ends_at_the_timeout(server: StandIn) -> None:
+    """`timeout` bounds the whole reply, not each read: a server sending a byte every 0.2 s (a
+    socket's timeout of 0.5 s never passes between two) is given up on at 0.5 s, long before
+    its last byte; it is not retried. Counted: the bytes and the reads that came, not the time."""
+    from otaku_ctx.backend import Backend, Retry, TimedOut
+
+    sent: list[int] = []
+    slow = trickle(sent, 0.2)
+    server.answer(slow)
+    waits: list[float] = []
+    backend = Backend(server.url, "m", timeout=0.5, connect_timeout=0.5, retry=Retry(cap=0.2, sleep=waits.append))
+    with pytest.raises(TimedOut) as caught:
+        backend.chat([{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0.2)
+    message = str(caught.value)
+    assert message.startswith(f"{server.url}/chat/completions: the reply was not whole within 0.5 s (")
+    found = re.search(r"\((\d+) bytes came, in (\d+) reads", message)
+    assert found is not None, message
+    got, reads = int(found[1]), int(found[2])
+    total = slow.total  # type: ignore[attr-defined]
+    assert 17 <= got < total and 1 <= reads <= got  # what came, a read a byte or so, never the whole
+    assert len(server.seen) == 1 and waits == []  # asked once: a timeout is not retried
+    server.released.set()
+    assert sum(sent) < total
+
+
+def test_a_trickled_reply_to_summarize_is_one_line(server: StandIn, tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("[summarize]\ntimeout = 0.5\nwindow = 8192\n", encoding="utf-8")
+    sent: list[int] = []
+    server.answer(trickle(sent, 0.2))
+    chat = tmp_path / "chat.jsonl"
+    from test_summarize import sillytavern_chat
+
+    sillytavern_chat(chat, 120)
+    code, out, err = ctx("summarize", chat, "--url", server.url, "--model", "m", "--config", config)
+    assert (code, out) == (ExitStatus.ERROR, "")
+    assert "/chat/completions: the reply was not whole within 0.5 s (" in one_line(err)
+    assert len(server.seen) == 1
+
+
+# the summarizer's stand-in (tests/test_summarize.py): scripted reply texts, every request logged
+
+
+@pytest.fixture
+def summarizer() -> Iterator[Any]:
+    from test_summarize import StandIn as Summarizer
+
+    stand_in = Summarizer()
+    thread = threading.Thread(target=stand_in.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    yield stand_in
+    stand_in.shutdown()
+    stand_in.server_close()
+    thread.join(5)
+
+
+def summarize_chat(tmp_path: Path, summarizer: Any, n: int = 120, *more: str | Path) -> tuple[int, str, str, Path]:
+    from test_summarize import sillytavern_chat
+
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", n)
+    code, out, err = ctx("summarize", chat, "--url", summarizer.url, "--model", "m", "--window", "8192", *more)
+    return code, out, err, chat
+
+
+# -- #4: a reply far past max_tokens ---------------------------------------------------------
+
+
+def test_a_reply_far_past_max_tokens_is_taken_only_as_far_as_asked(tmp_path: Path, summarizer: Any) -> None:
+    """Each reply holds a title, a summary and a history of 1 MiB each (a server that ignores
+    `max_tokens`): the sidecar takes a summary of at most `summary_words` × 12 characters, a
+    history of `history_words` × 12, a title of 120, each cut at a word and ended with "…"."""
+    from otaku_ctx.story.sidecar import read_sidecar, sidecar_for
+
+    mib = " ".join(f"Mara {i} sees {i} row {i} turn {i}." for i in range(40_000))[: 1 << 20]
+    summarizer.replies = [json.dumps({"title": mib, "summary": mib, "history": mib})] * 20
+    code, _, err, chat = summarize_chat(tmp_path, summarizer)
+    assert code == 0, err
+    records = read_sidecar(sidecar_for(chat))
+    assert len(records) >= 3 and all(r.history for r in records)
+    for r in records:
+        assert len(r.summary) <= 400 * 12 and r.summary.endswith("…") and mib.startswith(r.summary[:-1])
+        assert len(r.title) <= 120 and r.title.endswith("…")
+        assert r.start == 1 or (len(r.history) <= 200 * 12 and r.history.endswith("…"))
+    assert sidecar_for(chat).stat().st_size < len(records) * 10_000  # not 4 MiB for 2 scenes
+
+
+def test_bounded_cuts_at_a_word() -> None:
+    from otaku_ctx.summarize.replies import bounded
+
+    assert bounded("short enough", 20) == "short enough"
+    assert bounded("Mara climbs the tower stairs", 20) == "Mara climbs the…"
+    assert bounded("x" * 50, 20) == "x" * 19 + "…"
+
+
+# -- #17: a reply holding a lone surrogate ---------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["in the reply's content", "in the JSON the content holds"])
+def test_a_lone_surrogate_in_a_reply_never_reaches_the_sidecar(tmp_path: Path, summarizer: Any, where: str) -> None:
+    """JSON's `\\ud800` with no pair is no Unicode: replaced by U+FFFD where the reply is read,
+    the run goes on, and the sidecar is UTF-8 (never "check the story's text": the story is fine)."""
+    from otaku_ctx.story.sidecar import read_sidecar, sidecar_for
+
+    summary = "Mara climbs the tower stairs \ud800 at dusk with the keeper."
+    if where == "in the reply's content":  # the stand-in's own json.dumps escapes it: `\ud800` in the body
+        summarizer.replies = ['{"title": "Stairs", "summary": "' + summary + '"}']
+    else:  # escaped in the content: `\\ud800` in the body
+        summarizer.replies = [json.dumps({"title": "Stairs", "summary": summary})]
+    code, _, err, chat = summarize_chat(tmp_path, summarizer)
+    assert code == 0, err
+    sidecar_for(chat).read_bytes().decode("utf-8")  # strict: no surrogate was written
+    first = read_sidecar(sidecar_for(chat))[0]
+    assert first.summary == "Mara climbs the tower stairs \ufffd at dusk with the keeper."
+
+
+# -- #10: JSON from the server nested 100,000 deep -------------------------------------------
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+def test_a_reply_nested_100_000_deep_is_a_bad_reply(server: StandIn) -> None:
+    from otaku_ctx.backend import Backend, BadReply, Retry, ServerError
+
+    backend = Backend(server.url, "m", timeout=5, connect_timeout=5, retry=Retry(attempts=0))
+    asked = {"role": "user", "content": "Hi"}
+    server.answer(reply(200, DEEP))
+    with pytest.raises(BadReply, match="a reply whose JSON nests too deep to read") as caught:
+        backend.chat([asked], max_tokens=8, temperature=0.2)
+    assert str(caught.value).startswith(f"{server.url}/chat/completions: ")
+    server.answer(reply(500, b'{"error": ' + DEEP + b"}"))  # an error reply: its words, as they are
+    with pytest.raises(ServerError, match="500 Internal Server Error") as error:
+        backend.chat([asked], max_tokens=8, temperature=0.2)
+    assert "\n" not in str(error.value) and len(str(error.value)) < 600
+    server.answer(reply(200, DEEP))  # a probe (a tokenize endpoint, here)
+    with pytest.raises(BadReply, match="nests too deep") as probed:
+        backend.tokenize("Hi")
+    assert str(probed.value).startswith(f"{server.url.removesuffix('/v1')}/tokenize: ")
+
+
+def test_a_reply_whose_text_nests_100_000_deep_is_one_line_naming_the_url(tmp_path: Path, summarizer: Any) -> None:
+    summarizer.replies = ['{"summary": ' + "[" * 100_000]
+    code, out, err, _ = summarize_chat(tmp_path, summarizer)
+    assert (code, out) == (ExitStatus.ERROR, "")
+    assert one_line(err).startswith(f"ctx: {summarizer.url}/chat/completions: a reply whose JSON nests too deep")
+
+
+# -- #16: a sidecar path summarize can never write -------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["a folder", "a FIFO", "/dev/null", "a symlink to /dev/null", "no such folder"])
+def test_a_sidecar_no_run_could_write_is_refused_before_the_first_request(
+    tmp_path: Path, summarizer: Any, kind: str
+) -> None:
+    import os
+
+    path = tmp_path / "summaries"
+    if kind == "a folder":
+        path.mkdir()
+    elif kind == "a FIFO":
+        os.mkfifo(path)
+    elif kind == "/dev/null":
+        path = Path("/dev/null")
+    elif kind == "a symlink to /dev/null":
+        path.symlink_to("/dev/null")
+    else:
+        path = tmp_path / "gone" / "summaries"
+    code, out, err, _ = summarize_chat(tmp_path, summarizer, 120, "--summaries", path)
+    assert (code, out) == (ExitStatus.ERROR, "")
+    shown = path.parent if kind == "no such folder" else path
+    assert one_line(err).startswith(f"ctx: {shown}: ")
+    what = {"a folder": "is a directory", "a FIFO": "is a FIFO", "no such folder": "no such folder"}
+    assert what.get(kind, "is a character device") in err
+    assert summarizer.bodies == []  # not one request sent
+
+
+# -- #1: a summary edited by hand while ctx summarize runs; a second run; the cost of a commit ---
+
+
+def test_a_summary_edited_by_hand_during_the_run_is_kept(tmp_path: Path, summarizer: Any) -> None:
+    """The first scene's summary is edited by hand while the third is being asked: every later
+    commit merges into the file as it is on disk, so the edit stands; the run's own scenes are
+    all there."""
+    from otaku_ctx.story.sidecar import read_sidecar, sidecar_for
+
+    chat = tmp_path / "chat.jsonl"
+    sidecar = sidecar_for(chat)
+    hand = "Mara and the Keeper watch the tide come in; written by hand."
+
+    def edit(number: int) -> None:
+        if number == 3:  # scenes 1 and 2 are committed by now (--jobs 1)
+            lines = sidecar.read_text(encoding="utf-8").splitlines()
+            first = json.loads(lines[0])
+            first["summary"] = hand
+            lines[0] = json.dumps(first, ensure_ascii=False)
+            sidecar.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    summarizer.on_request = edit
+    code, _, err, _ = summarize_chat(tmp_path, summarizer, 300)
+    assert code == 0, err
+    records = read_sidecar(sidecar)
+    summaries = [entry for entry in summarizer.log if entry[0] == "summary"]
+    assert len(records) == len(summaries) >= 4
+    assert records[0].summary == hand  # not put back
+    assert all(r.summary.startswith("In messages") and r.history for r in records[1:])
+    assert len(sidecar.read_text(encoding="utf-8").splitlines()) == len(records)  # one line a scene
+
+
+def test_a_second_summarize_of_the_same_sidecar_is_refused(tmp_path: Path, summarizer: Any) -> None:
+    import fcntl
+    import os
+
+    from otaku_ctx.story.sidecar import sidecar_for
+
+    lock = Path(str(sidecar_for(tmp_path / "chat.jsonl")) + ".lock")
+    held = os.open(lock, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a run of ctx summarize holds it
+        code, out, err, chat = summarize_chat(tmp_path, summarizer)
+    finally:
+        os.close(held)
+    assert (code, out) == (ExitStatus.ERROR, "")
+    assert one_line(err) == (
+        f"ctx: {sidecar_for(chat)}: another ctx summarize is writing it (it holds {lock}); let that run end first\n"
+    )
+    assert summarizer.bodies == []
+    code, _, err, _ = summarize_chat(tmp_path, summarizer)  # the lock let go: a run goes
+    assert code == 0 and not lock.exists(), err
+
+
+def test_a_commit_costs_what_it_adds(tmp_path: Path, summarizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each scene and each history is appended (a line, fsynced), not the whole file rewritten:
+    the bytes a run writes are a few times the file's size, not the scenes' count times it
+    (which they were: 4,195 scenes took 255 s against an instant server)."""
+    import otaku_ctx.summarize as summarize
+    from otaku_ctx.story.sidecar import read_sidecar, sidecar_for
+
+    made: list[Any] = []
+
+    class Watched(summarize.Commits):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            made.append(self)
+
+    monkeypatch.setattr(summarize, "Commits", Watched)
+    code, _, err, chat = summarize_chat(tmp_path, summarizer, 800)
+    assert code == 0, err
+    records = read_sidecar(sidecar_for(chat))
+    size = sidecar_for(chat).stat().st_size
+    (commits,) = made
+    assert len(records) >= 25 and commits.appends == 2 * len(records) - 1  # every scene, every history but one
+    assert commits.rewrites == 2  # the first commit (the file as it is read) and the last (one line a scene)
+    assert commits.written <= 3 * size
+
+
+def test_a_later_line_of_a_scene_stands_and_a_torn_last_line_is_left_out(tmp_path: Path) -> None:
+    from otaku_ctx.story.sidecar import Record, read_sidecar
+
+    path = tmp_path / "chat.jsonl.ctx-summaries"
+    one, two = Record(1, 1, 20, "T", "first"), Record(2, 21, 40, "U", "second")
+    path.write_text(
+        one.line_text() + "\n" + two.line_text() + "\n" + Record(1, 1, 20, "T", "again").line_text() + '\n{"typ',
+        encoding="utf-8",
+    )
+    assert [(r.start, r.summary) for r in read_sidecar(path)] == [(1, "again"), (21, "second")]

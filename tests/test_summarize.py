@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ class StandIn(ThreadingHTTPServer):
         self.first_last = False  # the scene starting at message 1 is answered after another one
         self.since = 0  # ... of the log from this entry on
         self.rolling = False  # a history names the history it was rolled from, then the scene
+        self.on_request: Callable[[int], None] | None = None  # called with each chat request's number (1, 2, …)
 
     @property
     def url(self) -> str:
@@ -95,6 +96,8 @@ class _Handler(BaseHTTPRequestHandler):
         kind = "history" if prompt.startswith("Until now:") else "summary"
         numbers = [int(n) for n in FIRST.findall(prompt)]
         stand_in = self.server
+        if stand_in.on_request is not None:
+            stand_in.on_request(len(stand_in.bodies) + 1)
         with stand_in.lock:
             stand_in.bodies.append(body)
             scripted = stand_in.replies.pop(0) if stand_in.replies else None

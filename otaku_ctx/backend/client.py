@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -15,7 +16,7 @@ from importlib import metadata
 from typing import Any
 from urllib.parse import quote
 
-from .failures import BackendError, BadReply, BadURL, KeyMissing, NoTokenizer, classify
+from .failures import TOO_DEEP, BackendError, BadReply, BadURL, KeyMissing, NoTokenizer, classify
 from .servers import OPENAI, SERVERS, WINDOWS, LlamaCpp, Server, ServerKind
 from .transport import Answer, Retry, Transport, split_url, without_credentials
 
@@ -30,6 +31,7 @@ class Reply:
     prompt_tokens: int | None
     completion_tokens: int | None
     model: str | None = None
+    url: str = ""  # the endpoint that answered, as a message may name it
 
     @property
     def cut_off(self) -> bool:
@@ -43,6 +45,15 @@ def user_agent() -> str:
     except metadata.PackageNotFoundError:
         version = "dev"
     return f"otaku-ctx/{version} (ctx; Python http.client)"
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def unicode_text(text: str) -> str:
+    """`text` with each lone surrogate (JSON's `\\ud800` with no pair: not Unicode, and no
+    UTF-8 file can hold it) replaced by U+FFFD, so a broken reply never reaches a file."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def _integer(value: object) -> int | None:
@@ -212,6 +223,8 @@ class Backend:
             data = json.loads(answer.body)
         except ValueError:
             return None
+        except RecursionError:
+            raise BadReply(self.transport.url(path), TOO_DEEP) from None
         return data if isinstance(data, dict) else None
 
     # reading the answers ------------------------------------------------------------------------
@@ -244,6 +257,8 @@ class Backend:
             data = json.loads(answer.body)
         except ValueError as error:
             raise BadReply(url, f"a reply that is not JSON ({error})") from None
+        except RecursionError:
+            raise BadReply(url, TOO_DEEP) from None
         if not isinstance(data, dict):
             raise BadReply(url, "a reply that is not a JSON object")
         return data
@@ -276,9 +291,10 @@ class Backend:
         reason = choice.get("finish_reason")
         model = data.get("model")
         return Reply(
-            text=content or "",
+            text=unicode_text(content or ""),
             finish_reason=reason if isinstance(reason, str) else None,
             prompt_tokens=_integer(usage.get("prompt_tokens")),
             completion_tokens=_integer(usage.get("completion_tokens")),
-            model=model if isinstance(model, str) else None,
+            model=unicode_text(model) if isinstance(model, str) else None,
+            url=url,
         )

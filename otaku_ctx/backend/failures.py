@@ -12,6 +12,8 @@ from ..errors import OtakuError
 
 #: the longest piece of the server's own message quoted in ours
 QUOTE = 240
+#: what a reply nested past Python's recursion limit is (`json` raises RecursionError on one)
+TOO_DEEP = "a reply whose JSON nests too deep to read (thousands of brackets inside each other)"
 
 
 class BackendError(OtakuError):
@@ -120,7 +122,7 @@ def what_the_server_said(body: bytes) -> ServerSays:
     text = body.decode("utf-8", "replace")
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past reading: its words as they are
         return ServerSays(one_line(text), "", "", {})
     if not isinstance(data, dict):
         return ServerSays(one_line(text), "", "", {})

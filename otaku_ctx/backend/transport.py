@@ -2,12 +2,14 @@
 opens a connection. Only transport failures, 429 and 503 are retried (at most `Retry.attempts`
 times, honouring Retry-After, never waiting longer than `Retry.cap`); any other answer is
 returned as it came. No redirect is followed and no proxy used: a request goes to the host the
-user named and nowhere else."""
+user named and nowhere else. `timeout` bounds a reply's whole time, from the request sent to its
+last byte (`_Paced`): a server trickling a byte now and then cannot hold a run for ever."""
 
 from __future__ import annotations
 
 import email.utils
 import http.client
+import io
 import re
 import socket
 import ssl
@@ -15,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC
+from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from .failures import BadReply, TimedOut, Unreachable
@@ -117,6 +120,48 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
+class _Paced(io.RawIOBase):
+    """A response's socket, read against one deadline for the whole reply: each read may wait
+    only what is left of it (a socket's own timeout bounds each read alone, so a byte every
+    second would keep a reply coming for ever). `got` and `reads` say what came before it."""
+
+    def __init__(self, sock: socket.socket, deadline: float, holder: io.BufferedReader) -> None:
+        super().__init__()
+        self.sock, self.deadline = sock, deadline
+        self.holder = holder  # the socket's own file: while it is open, closing the connection keeps the socket
+        self.got = self.reads = 0
+
+    def close(self) -> None:
+        if not self.closed:
+            self.holder.close()
+        super().close()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the reply's deadline passed")
+        self.sock.settimeout(left)
+        n = self.sock.recv_into(buffer)
+        self.got += n
+        self.reads += 1
+        return n
+
+
+def _paced_response(paced: list[_Paced], deadline: float) -> type[http.client.HTTPResponse]:
+    """An HTTPResponse class that reads its socket through a `_Paced` (kept in `paced`)."""
+
+    class Response(http.client.HTTPResponse):
+        def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
+            super().__init__(sock, *args, **kwargs)
+            paced.append(_Paced(sock, deadline, self.fp))
+            self.fp = io.BufferedReader(paced[-1])
+
+    return Response
+
+
 class _Lost(Exception):
     """A transport failure worth another try: `why` says what happened, for the message."""
 
@@ -189,6 +234,8 @@ class Transport:
                 raise _Lost(f"cannot connect ({error.strerror or error})") from None
             if connection.sock is not None:
                 connection.sock.settimeout(self.timeout)
+            paced: list[_Paced] = []
+            connection.response_class = _paced_response(paced, time.monotonic() + self.timeout)
             try:
                 headers = {**self.headers, "Content-Length": str(len(body or b""))}
                 connection.request(method, path, body=body, headers=headers)
@@ -197,7 +244,7 @@ class Transport:
                 names = {name.lower(): value for name, value in response.getheaders()}
                 data = self._read(response, url)
             except TimeoutError:
-                raise TimedOut(url, f"no reply within {self.timeout:g} s") from None
+                raise TimedOut(url, self._late(paced)) from None
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 raise _Lost("the server closed the connection without a reply") from None
             except http.client.HTTPException as error:
@@ -207,6 +254,17 @@ class Transport:
         finally:
             connection.close()
         return Answer(status, reason, names, data, attempt)
+
+    def _late(self, paced: list[_Paced]) -> str:
+        """What a reply that missed its deadline had sent by then."""
+        got = paced[0].got if paced else 0
+        if not got:
+            return f"no reply within {self.timeout:g} s"
+        reads = paced[0].reads
+        return (
+            f"the reply was not whole within {self.timeout:g} s ({got:,} bytes came, in {reads:,} reads:"
+            " a server sending it a little at a time)"
+        )
 
     @staticmethod
     def _read(response: http.client.HTTPResponse, url: str) -> bytes:

@@ -133,19 +133,29 @@ def sidecar_text(records: Iterable[Record]) -> str:
 
 def read_sidecar(path: Path) -> list[Record]:
     """The records of a sidecar file, read bounded through `files` (an input of the run);
-    errors name the file and the line."""
+    errors name the file and the line. A later line of a scene (the same `start`) stands for
+    the earlier ones: `ctx summarize` appends a changed scene rather than rewrite the file,
+    and rewrites it whole at the end of its run. A last line cut short (no line break after
+    it, not JSON: a run killed mid-write) is left out, and the next run writes the file whole."""
     text = utf8_text(read_input(path, "summaries"), path)
-    records: list[Record] = []
-    for number, raw in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    records: dict[int, Record] = {}
+    for number, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError as exc:
+            if number == len(lines) and not text.endswith("\n"):
+                break  # an append cut short
             fix = "mend the line, or delete the file for ctx summarize to write again"
             raise StoryError(path, number, f"is not JSON ({exc.msg}); {fix}") from None
-        records.append(_record(path, number, obj))
-    return sorted(records, key=lambda r: r.start)
+        except RecursionError:
+            raise StoryError(path, number, "nests too deep to read; mend the line") from None
+        record = _record(path, number, obj)
+        records.pop(record.start, None)  # the latest line of a scene stands, in its place
+        records[record.start] = record
+    return sorted(records.values(), key=lambda r: r.start)
 
 
 def _record(path: Path, number: int, obj: Any) -> Record:

@@ -10,10 +10,10 @@ from pathlib import Path
 from ..backend import Backend
 from ..config import SummarizeSettings
 from ..errors import ConfigError
-from ..files import write_atomic
 from ..story.model import Story
-from ..story.sidecar import Record, sidecar_text
+from ..story.sidecar import Record
 from ..tokens import TokenCounter
+from .commits import Commits, check_writable
 from .prompts import Prompt, load_prompt
 from .run import DEFAULT_WINDOW, Options, Plan, Planned, Progress, Prompts, Report, SummarizeError, plan, run
 from .spans import Cutting, pack
@@ -101,12 +101,11 @@ def summarize(
     redo: frozenset[int] = frozenset(),
 ) -> tuple[Plan, Report]:
     """Summarize what the sidecar lacks (and the scenes starting at `redo`), committing each
-    finished scene to it atomically; `progress` is filled as the run goes (what an interrupted
-    run had done)."""
+    finished scene to it (`commits.Commits`: merged into the file as it is on disk, under a
+    lock against a second run) before the next request; `progress` is filled as the run goes
+    (what an interrupted run had done). A sidecar no run could write is refused first."""
+    check_writable(sidecar)
     backend = backend_of(s)
-    chosen = plan_for(story, records, prompts, s, backend, redo)
-
-    def save(done: list[Record]) -> None:
-        write_atomic(sidecar, sidecar_text(done))
-
-    return chosen, run(chosen, backend, prompts, save, progress, on_progress)
+    with Commits(sidecar, records) as commits:
+        chosen = plan_for(story, records, prompts, s, backend, redo)
+        return chosen, run(chosen, backend, prompts, commits.commit, progress, on_progress)

@@ -13,20 +13,27 @@ _CURLY = str.maketrans({"“": '"', "”": '"'})
 LEAST_WORDS = 3
 
 
+class TooDeep(ValueError):
+    """A reply whose JSON nests past what Python's `json` can read (it raises RecursionError)."""
+
+
 def json_object(text: str) -> dict[str, Any] | None:
     """The first JSON object in `text`, repaired when it can be (curly quotes, a missing end);
-    None when there is none."""
+    None when there is none. Raises `TooDeep` for JSON nested past reading."""
     start = text.find("{")
     if start < 0:
         return None
     decoder = json.JSONDecoder()
-    for candidate in (text[start:], text[start:].translate(_CURLY)):
-        try:
-            found, _ = decoder.raw_decode(candidate)
-        except ValueError:
-            found = _closed(candidate)
-        if isinstance(found, dict):
-            return found
+    try:
+        for candidate in (text[start:], text[start:].translate(_CURLY)):
+            try:
+                found, _ = decoder.raw_decode(candidate)
+            except ValueError:
+                found = _closed(candidate)
+            if isinstance(found, dict):
+                return found
+    except RecursionError:
+        raise TooDeep("JSON nested too deep") from None
     return None
 
 
@@ -65,6 +72,18 @@ def usable(text: object) -> str | None:
     if len(words) < LEAST_WORDS or text.startswith(("{", "[")) or "{summary" in text or "the recap" == text:
         return None
     return text
+
+
+def bounded(text: str, limit: int) -> str:
+    """`text` at most `limit` characters: a longer one cut at the last word boundary before the
+    limit (mid-word only when one word is longer), ended with "…"."""
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    space = max(head.rfind(" "), head.rfind("\n"))
+    if space > limit // 2:
+        head = head[:space]
+    return head.rstrip() + "…"
 
 
 def field_of(reply: str, name: str) -> str | None:

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from ..backend import Backend, ContextTooLong, FormatRefused
+from ..backend import Backend, BadReply, ContextTooLong, FormatRefused, Reply
+from ..backend.client import unicode_text
+from ..backend.failures import TOO_DEEP
 from ..errors import OtakuError
 from ..story.model import Scene, Story
 from ..story.sidecar import Record, covers, history_basis, judge, sha, sketch
@@ -28,7 +30,7 @@ from ..tokens import TokenCounter
 from . import checks
 from .extract import EXTRACT, history_extract, summary_extract
 from .prompts import PLACEHOLDERS, Prompt
-from .replies import field_of, json_object
+from .replies import TooDeep, bounded, field_of, json_object
 from .spans import Cutting, Span, fitted, pack, why_cut
 
 DEFAULT_WINDOW = 8192  # when neither --window, the config nor the server says
@@ -37,6 +39,8 @@ PER_MESSAGE = 8  # tokens a chat template adds around each message, about
 TOKENS_PER_WORD = 2  # max_tokens asked per word wanted: room for any language, and the JSON
 TEMPERATURE_STEP = 0.3  # each attempt after the first asks this much warmer
 TOP_TEMPERATURE = 1.2
+CHARS_PER_WORD = 12  # a summary or history is taken up to this many characters a word asked for
+TITLE_CHARS = 120  # a title is taken up to this many characters
 
 
 class SummarizeError(OtakuError):
@@ -318,11 +322,12 @@ class Asker:
     def _format(self, name: str, words: int, mode_index: int) -> Mapping[str, Any] | None:
         schema = {
             "type": "object",
-            "properties": {name: {"type": "string", "minLength": 1, "maxLength": words * 12}},
+            "properties": {name: {"type": "string", "minLength": 1, "maxLength": words * CHARS_PER_WORD}},
             "required": [name],
         }
         if name == "summary":
-            schema["properties"] = {"title": {"type": "string", "maxLength": 120}, **schema["properties"]}  # type: ignore[dict-item]
+            title = {"type": "string", "maxLength": TITLE_CHARS}
+            schema["properties"] = {"title": title, **schema["properties"]}  # type: ignore[dict-item]
             schema["required"] = ["title", "summary"]
         mode = self.MODES[mode_index]
         if mode == "json_schema":
@@ -372,22 +377,34 @@ class Asker:
                 self.progress.requests += 1
                 self.progress.tokens_in += reply.prompt_tokens or 0
                 self.progress.tokens_out += reply.completion_tokens or 0
-            text = field_of(reply.text, name)
+            text, title = self._taken(reply, name, words)
             why = "no usable text" if not text else checks.rejected(name, text, scene, also)
             if text and why is None:
-                title = (json_object(reply.text) or {}).get("title")
-                title = title.strip() if isinstance(title, str) else ""
                 if title and checks.rejected("title", title, scene) is not None:
                     self.progress.rejected.append(f"{what}: title {title!r} rejected; the default one stands")
                     title = ""
                 return text, title
-            last = " ".join(reply.text.split())[:80]
+            last = " ".join(reply.text[:400].split())[:80]
             with self.lock:
                 self.progress.rejected.append(f"{what}: attempt {tries}: {why}: {last!r}")
         raise SummarizeError(
             f"{self.backend.url}: {what}: {tries} replies held no usable {name} (the last: {last!r}); "
             "run again, or try another model"
         )
+
+    @staticmethod
+    def _taken(reply: Reply, name: str, words: int) -> tuple[str | None, str]:
+        """(the reply's field `name`, its title), each bounded: a reply may run far past
+        `max_tokens` (a server that ignores it), and no more than the JSON schema's `maxLength`
+        of it is taken (`replies.bounded`). A lone surrogate the JSON in it spells (`\\ud800`) is
+        U+FFFD, as in the reply itself; JSON nested past reading is the server's bad reply."""
+        try:
+            text = field_of(reply.text, name)
+            title = (json_object(reply.text) or {}).get("title") if name == "summary" else None
+        except TooDeep:
+            raise BadReply(reply.url or "the server", TOO_DEEP) from None
+        text = bounded(unicode_text(text), words * CHARS_PER_WORD) if text else text
+        return text, bounded(unicode_text(title.strip()), TITLE_CHARS) if isinstance(title, str) else ""
 
 
 class Expected:
@@ -441,8 +458,8 @@ def run(
     progress: Progress | None = None,
     on_progress: Callable[[Progress], None] = lambda p: None,
 ) -> Report:
-    """Do the plan: each finished scene is handed to `save` (the whole sidecar, rewritten
-    atomically) before the next request starts."""
+    """Do the plan: each finished scene is handed to `save` (every scene of the run as it
+    stands, for `commits.Commits` to merge into the sidecar) before the next request starts."""
     story, options = plan.story, prompts.options
     progress = progress or Progress()
     progress.total = len(plan.requests)
@@ -508,7 +525,8 @@ def _numbered(story: Story, records: dict[int, Record]) -> None:
     """Give the sidecar's scenes their ids: their place among all the story's scenes."""
     base = len(story.scenes)
     for number, start in enumerate(sorted(records), base + 1):
-        records[start] = replace(records[start], id=number)
+        if records[start].id != number:  # the others stand as they are: a commit compares them
+            records[start] = replace(records[start], id=number)
 
 
 def _summaries(
