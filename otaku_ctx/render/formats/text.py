@@ -135,8 +135,28 @@ def render_messages(fmt: Format, blocks: Sequence[Block]) -> list[dict[str, str]
     """Chat messages `{"role", "content"}`, as the format's turns (see `turns`): a server
     applying the model's own chat template accepts them. A blank open block is dropped;
     otherwise it is sent last as a prefill, with trailing whitespace removed (some APIs
-    refuse a prefill that ends in whitespace, and the model writes the space itself)."""
-    return _messages(fmt, turns(fmt, blocks))
+    refuse a prefill that ends in whitespace, and the model writes the space itself).
+
+    With a model's own template (a Jinja format), the messages are the first of the chats
+    the text prompt tries (`template_chats`) that the template accepts: folded as the text
+    prompt is folded (no system turn after the first for a template that demands
+    alternation, none at all for one that refuses a system role), so a server applying that
+    template to the messages renders what the text prompt holds."""
+    if not fmt.chat_template:
+        return _messages(fmt, turns(fmt, blocks))
+    from ..jinja import TemplateRefusal, render_chat
+
+    refusal: TemplateRefusal | None = None
+    for messages, continued in template_chats(fmt, blocks):
+        try:
+            render_chat(fmt.chat_template, messages, name=fmt.name, bos=fmt.bos_token, eos=fmt.eos_token,
+                        continue_final=continued)  # fmt: skip
+        except TemplateRefusal as exc:
+            refusal = refusal or exc
+            continue
+        return messages
+    assert refusal is not None
+    raise refusal
 
 
 def _template_pieces(fmt: Format, blocks: Sequence[Block]) -> list[str]:
