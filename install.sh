@@ -4,8 +4,9 @@
 #   sh install.sh                 # venv in ~/.otaku/venv, link in ~/.local/bin
 #   PYTHON=python3.12 sh install.sh
 #   CTX_BIN_DIR=/usr/local/bin sh install.sh
-#   CTX_EXTRAS= sh install.sh       # without the model extra (what exact counting with --use needs:
-#                                 # tokenizers, jinja2, sentencepiece), installed by default
+#   CTX_EXTRAS= sh install.sh       # without the extras installed by default: model (what exact
+#                                 # counting with --use needs: tokenizers, jinja2, sentencepiece)
+#                                 # and serve (aiohttp, for ctx serve)
 #
 # Packages come from PyPI; nothing else is downloaded, then or at run time.
 set -eu
@@ -15,7 +16,7 @@ home=${OTAKU_HOME:-$HOME/.otaku}
 venv="$home/venv"
 bindir=${CTX_BIN_DIR:-$HOME/.local/bin}
 python=${PYTHON:-python3}
-extras=${CTX_EXTRAS-model}
+extras=${CTX_EXTRAS-model,serve}
 target=$here
 [ -z "$extras" ] || target="$here[$extras]"
 

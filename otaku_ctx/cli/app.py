@@ -22,6 +22,8 @@ from ..status import ExitStatus
 from .config import config_app
 from .replay import replay_cmd
 from .scenes import SCENES_EXAMPLE, scenes_cmd
+from .serve import EXAMPLE as SERVE_EXAMPLE
+from .serve import serve_cmd
 from .story import build_cmd, convert_cmd, inspect_cmd, validate_cmd
 from .summarize import summarize_cmd
 from .template import template_app
@@ -41,6 +43,9 @@ app.command("convert")(convert_cmd)
 app.command("replay", short_help="Replay STORY turn by turn and measure prompt-cache reuse.")(replay_cmd)
 app.command("summarize", short_help="Summarize STORY's scenes with your own model.")(summarize_cmd)
 app.command("scenes", short_help="List STORY's scenes; show one, or redo some.", epilog=SCENES_EXAMPLE)(scenes_cmd)
+app.command(
+    "serve", short_help="Serve an OpenAI-compatible API that fits each chat to your model.", epilog=SERVE_EXAMPLE
+)(serve_cmd)
 app.add_typer(config_app, name="config")
 app.add_typer(template_app, name="template")
 

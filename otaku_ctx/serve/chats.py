@@ -1,0 +1,98 @@
+"""A chat request as a Story, and which chat it is.
+
+The frontend sends the whole chat every turn. Its leading system messages are the frame (the
+story's system message); the rest are the story's messages, in order, `name` kept. A chat is
+recognised by its frame and its opening messages (`[serve] chat_messages`, 2: a character's
+greeting and the user's first reply), hashed; an `X-Ctx-Chat` header, else the request's `user`
+field, names one explicitly instead. Either way the key is a hash, so a chat's text never
+becomes a file name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import OtakuError
+from ..story.model import Message, Role, Story
+
+#: the roles a chat's messages may have; `developer` is OpenAI's newer name for `system`
+ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+#: the header that names a chat
+HEADER = "X-Ctx-Chat"
+
+
+class ChatError(OtakuError):
+    """A request whose messages are not a chat ctx can assemble (a 400, OpenAI-style)."""
+
+
+@dataclass(frozen=True)
+class Chat:
+    """Which chat a request continues: `key` (a hash, the name of its files) and how it was
+    recognised (`named`: by the header or `user`; else by its frame and opening)."""
+
+    key: str
+    named: bool
+
+
+def text_of(content: Any, where: str) -> str:
+    """A message's content as text: a string, or OpenAI's content parts (their text parts)."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ChatError(f"{where}: only text content parts can be assembled (an image or audio part cannot)")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise ChatError(f"{where}: content must be text or a list of text parts")
+
+
+def chat_story(body: Mapping[str, Any]) -> Story:
+    """The request's chat as a Story: the leading system messages its frame, the rest its messages."""
+    given = body.get("messages")
+    if not isinstance(given, list) or not given:
+        raise ChatError("messages: expected a non-empty list of chat messages")
+    frame: list[str] = []
+    messages: list[Message] = []
+    for index, raw in enumerate(given):
+        where = f"messages[{index}]"
+        if not isinstance(raw, dict):
+            raise ChatError(f"{where}: expected an object with role and content")
+        role = ROLES.get(str(raw.get("role")))
+        if role is None:
+            raise ChatError(
+                f"{where}: role {raw.get('role')!r} cannot be assembled; ctx serve takes system, user and assistant"
+            )
+        content = text_of(raw.get("content"), where)
+        name = raw.get("name")
+        if name is not None and not isinstance(name, str):
+            raise ChatError(f"{where}: name must be text")
+        if role == "system" and not messages:
+            frame.append(content)
+            continue
+        messages.append(Message(len(messages) + 1, role, content, name or None))
+    if not messages:
+        raise ChatError("messages: only system messages; send the chat's messages too")
+    return Story(path=Path("chat"), messages=tuple(messages), system="\n\n".join(frame), source_format="openai")
+
+
+def digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
+def identify(story: Story, body: Mapping[str, Any], headers: Mapping[str, str], opening: int) -> Chat:
+    """Which chat this is: named by the `X-Ctx-Chat` header, else by `user`; else its frame and
+    first `opening` messages (fewer while the chat is shorter)."""
+    named = headers.get(HEADER, "").strip() or (body.get("user") if isinstance(body.get("user"), str) else "")
+    if named:
+        return Chat("n" + digest(["named", named]), True)
+    first = [[m.role, m.name or "", m.content] for m in story.messages[:opening]]
+    return Chat("f" + digest([story.system, first]), False)

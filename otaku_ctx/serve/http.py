@@ -1,0 +1,535 @@
+"""`ctx serve`: an OpenAI-compatible server between the user's frontend and their model server.
+
+Each `POST /v1/chat/completions` is the whole chat; ctx assembles it (cases 1-6) for the
+backend's real window less the reply, sends the assembled messages on in the same request
+body, and streams the reply back chunk by chunk. `GET /v1/models` and `POST /v1/completions`
+pass through unchanged (a flat text prompt cannot be re-assembled); `GET /health`;
+`GET /ctx/stats`. aiohttp serves it and streams from the backend, on one asyncio loop; ctx's
+own work (counting, assembling, the backend's window) runs on one worker thread beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from ..backend import Backend, BackendError, NoTokenizer, Retry, TimedOut
+from ..build import counter_for, with_model
+from ..config import ModelSettings, Settings
+from ..errors import ConfigError, OtakuError
+from ..tokens import TokenCounter
+from .assemble import Assembled, assemble_chat
+from .chats import ChatError, chat_story, identify
+from .stats import Stats, StreamUsage, Turn, Usage
+from .store import Store, chats_folder
+from .summaries import Gate, Summarizer
+
+log = logging.getLogger("otaku_ctx.serve")
+T = TypeVar("T")
+
+
+class ServeError(OtakuError):
+    """`ctx serve` cannot start: one line saying why and what to do (exit 1)."""
+
+
+def loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def client_key(settings: Settings) -> str:
+    """The key clients must send, from `[serve] api_key_env`; none on loopback without one. Any
+    other address must be asked for (`--host`) and then needs one."""
+    s = settings.serve
+    if s.api_key_env:
+        key = os.environ.get(s.api_key_env, "").strip()
+        if not key:
+            raise ServeError(f"[serve] api_key_env names ${s.api_key_env}, which is not set: export the key in it")
+        return key
+    if not loopback(s.host):
+        raise ServeError(
+            f"--host {s.host} lets other machines in, so it needs an API key: set [serve] api_key_env to the"
+            " name of the environment variable holding it"
+        )
+    return ""
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> web.Response:
+    """An OpenAI-style error reply."""
+    body = {"error": {"message": message, "type": kind, "code": code}}
+    return web.json_response(body, status=status)
+
+
+def backend_failed(failure: BackendError) -> web.Response:
+    status = 504 if isinstance(failure, TimedOut) else 502
+    return error(status, f"ctx serve: the backend failed: {failure}", "backend_error")
+
+
+@dataclass
+class Setup:
+    """What the first chat request works out once: the settings with the model's and the
+    server's parts, the counter, and the summarizer."""
+
+    settings: Settings
+    count: TokenCounter
+    summarizer: Summarizer | None
+
+
+class Service:
+    """One `ctx serve`: the settings, the backend (asked for its window and tokenizer), the
+    forwarding client, the summaries store, the gate, the stats."""
+
+    def __init__(self, settings: Settings) -> None:
+        from .upstream import Upstream
+
+        s = settings.serve
+        if not s.backend:
+            raise ConfigError(
+                "serve.backend", None, "no model server named; pass --backend URL (e.g. http://127.0.0.1:8080/v1)"
+            )
+        self.settings = settings
+        self.key = client_key(settings)
+        self.backend = self.backend_for(s.model or settings.summarize.model or "")
+        self.upstream = Upstream(
+            self.backend.url, api_key_env=s.backend_key_env, timeout=s.timeout, connect_timeout=s.connect_timeout
+        )
+        self.summarize = s.summarize
+        self.store = Store(chats_folder())
+        self.gate = Gate()
+        self.stats = Stats()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="ctx-serve")
+        self._setup: Setup | None = None
+
+    def backend_for(self, model: str) -> Backend:
+        """The backend as ctx asks it itself (its window, its tokenizer, the summaries): one retry
+        after a short wait, so that a frontend hears of a server that is down at once."""
+        s = self.settings.serve
+        return Backend(
+            s.backend, model, api_key_env=s.backend_key_env or None, timeout=s.timeout,
+            connect_timeout=s.connect_timeout, retry=Retry(attempts=1, backoff=0.25),
+        )  # fmt: skip
+
+    # the worker thread ------------------------------------------------------------------------
+
+    async def blocking(self, work: Callable[[], T]) -> T:
+        """`work` on the worker thread, where every count and assembly runs (one at a time)."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, work)
+
+    def counting(self, work: Callable[[], T]) -> T:
+        """`work` on the worker thread, from another thread (the summarizer's)."""
+        return self.pool.submit(work).result()
+
+    def setup(self, model_name: str = "") -> Setup:
+        """The settings for this backend, made once: the model's parts (`[model] use`), and the
+        server's own tokenizer where it has one and the user named none. `model_name` is the
+        first request's "model", which the backend is asked about (and the summaries asked
+        of) when `--model` names none."""
+        if self._setup is not None:
+            return self._setup
+        if not self.backend.model and model_name:
+            self.backend = self.backend_for(model_name)
+        settings = self.settings
+        model = settings.model
+        # the user's own choice: given, or set to other than the default (`config init` writes them all)
+        chose_tokenizer = (
+            bool(model.use) or "model.tokenizer" in settings.given or model.tokenizer != ModelSettings().tokenizer
+        )
+        server = self.backend.server()  # a server that is down says so here, at once
+        if not chose_tokenizer and server.counts:
+            served = replace(model, tokenizer="server", server=model.server or self.backend.url)
+            try:
+                count = counter_for(replace(settings, model=served))
+                settings = replace(settings, model=served)
+            except NoTokenizer as why:
+                log.warning("counting with %s: %s", model.tokenizer, why)
+                count = counter_for(with_model(settings))
+        elif not chose_tokenizer:
+            log.warning(
+                "counting with %s: the backend has no tokenize endpoint (for exact counts set [model] use)",
+                model.tokenizer,
+            )
+            count = counter_for(with_model(settings))
+        else:
+            settings = with_model(settings)
+            count = counter_for(settings)
+        summarizer = None
+        if self.summarize:
+            summarizer = Summarizer(self.backend, settings, count, self.store, self.gate, self.counting)
+            summarizer.start()
+        self._setup = Setup(settings, count, summarizer)
+        return self._setup
+
+    def window(self, settings: Settings) -> int:
+        """The backend's window (llama.cpp's /props, vLLM's /v1/models, Ollama's /api/show),
+        else `[model] window`."""
+        return self.backend.window() or settings.model.window
+
+    # the requests -----------------------------------------------------------------------------
+
+    async def read_json(self, request: web.Request) -> dict[str, Any]:
+        bound = self.settings.serve.max_body
+        if request.content_length is not None and request.content_length > bound:
+            raise TooLarge(bound)
+        try:
+            data = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise TooLarge(bound) from None
+        try:
+            body = json.loads(data)
+        except ValueError as why:
+            raise ChatError(f"the request body is not JSON ({why})") from None
+        if not isinstance(body, dict):
+            raise ChatError("the request body must be a JSON object")
+        return body
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        started = time.monotonic()
+        body = await self.read_json(request)
+        story = chat_story(body)
+        with self.gate.live():
+            named = str(body.get("model") or "")
+            setup = await self.blocking(lambda: self.setup(named))
+            chat = identify(story, body, request.headers, setup.settings.serve.chat_messages)
+            max_tokens = _tokens(body)
+            window = await self.blocking(lambda: self.window(setup.settings))
+
+            def assemble() -> Assembled:
+                return assemble_chat(
+                    self.store.story(chat.key, story), setup.settings, setup.count, window=window, max_tokens=max_tokens
+                )
+
+            assembled = await self.blocking(assemble)
+            own = time.monotonic() - started
+            if setup.summarizer is not None:
+                setup.summarizer.want(chat.key, story, now=assembled.messages is None)
+            if assembled.messages is None:
+                return await self.refused(chat.key, story, assembled, setup)
+            forwarded = {**body, "messages": assembled.messages}
+            if self.settings.serve.model:
+                forwarded["model"] = self.settings.serve.model
+
+            def done(usage: Usage) -> None:
+                self.record(chat.key, chat.named, assembled, usage, own)
+
+            if body.get("stream"):
+                return await self.stream(request, "/chat/completions", forwarded, done)
+            return await self.whole("/chat/completions", forwarded, done)
+
+    async def refused(self, key: str, story: Any, assembled: Assembled, setup: Setup) -> web.Response:
+        """Case 6 as an OpenAI-style 400 naming the remedy: the window the chat needs, or the
+        summaries being written."""
+        refusal = assembled.built.assembly.refusal
+        assert refusal is not None
+        summarizer = setup.summarizer
+        work = None
+        if summarizer is not None:
+            try:
+                work = await self.blocking(lambda: summarizer.outlook(key, story))
+            except OtakuError as why:  # the plan itself fails (a message too long for the window)
+                summarizer.why.setdefault(key, str(why))
+        log.info("chat %s · %d messages · case 6 · refused (needs %d)", key[:12], len(story), refusal.needed_context)
+        if work is not None and work.requests_left:
+            left = f"{work.scenes_left} scenes left" if work.scenes_left else f"{work.requests_left} histories left"
+            return error(
+                400,
+                f"ctx serve: this chat does not fit the backend's window yet; summaries are being written: {left}"
+                " (send again when they are)",
+                code="summaries_pending",
+            )
+        failed = summarizer.why.get(key) if summarizer is not None else None
+        remedy = "start the backend with a larger context"
+        if failed:
+            remedy += f" (the summaries could not be written: {failed})"
+        elif summarizer is None:
+            remedy += ", or serve without --no-summarize so the chat's summaries are written"
+        return error(
+            400,
+            f"ctx serve: this chat does not fit: the smallest prompt is {refusal.smallest:,} tokens, the limit"
+            f" {refusal.limit:,} (a {refusal.context:,}-token window less {refusal.reserve:,} for the reply);"
+            f" it needs a window of {refusal.needed_context:,} tokens: {remedy}",
+            code="context_length_exceeded",
+        )
+
+    def record(self, key: str, named: bool, assembled: Assembled, usage: Usage, seconds: float) -> None:
+        a = assembled.built.assembly
+        turn = Turn(a.messages, a.case, a.tokens, a.limit, usage.prompt_tokens, usage.cached, round(seconds, 4))
+        number = self.stats.add(key, named, turn)
+        cached = f"{turn.cached:,} cached" if turn.cached is not None else "cache not reported"
+        log.info(
+            "chat %s · turn %d · %d messages · case %d · %s tokens sent (limit %s) · %s · ctx %.3f s",
+            key[:12], number, a.messages, a.case, f"{a.tokens:,}", f"{a.limit:,}", cached, seconds,
+        )  # fmt: skip
+
+    async def whole(self, path: str, body: Mapping[str, Any], done: Callable[[Usage], None]) -> web.Response:
+        async with self.upstream.send("POST", path, body) as answer:
+            data = await answer.read()
+        usage = Usage()
+        if answer.status == 200:
+            try:
+                usage.read(json.loads(data))
+            except ValueError:
+                pass
+            done(usage)
+        return web.Response(body=data, status=answer.status, content_type=answer.content_type or "application/json")
+
+    async def stream(
+        self, request: web.Request, path: str, body: Mapping[str, Any], done: Callable[[Usage], None]
+    ) -> web.StreamResponse:
+        """The backend's reply, each chunk passed on as it arrives. A frontend that goes away
+        ends the request to the backend (the handler is cancelled, the connection closed)."""
+        from .upstream import Upstream
+
+        upstream: Upstream = self.upstream
+        async with upstream.send("POST", path, body) as answer:
+            if answer.status != 200 or answer.content_type != "text/event-stream":
+                data = await answer.read()
+                return web.Response(body=data, status=answer.status, content_type=answer.content_type or None)
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await response.prepare(request)
+            usage = StreamUsage()
+            told = False
+            try:
+                async for chunk in upstream.chunks(answer):
+                    usage.feed(chunk)
+                    if usage.finished and not told:  # before the client has it, and may hang up
+                        done(usage)
+                        told = True
+                    await response.write(chunk)
+            except BackendError as failure:  # too late for a status: the stream says it, and ends
+                log.warning("the backend failed mid-stream: %s", failure)
+                said = {"error": {"message": f"ctx serve: the backend failed: {failure}", "type": "backend_error"}}
+                await response.write(f"data: {json.dumps(said)}\n\n".encode())
+            else:
+                if not told:
+                    done(usage)
+            await response.write_eof()
+            return response
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        """`POST /v1/completions`, passed through unchanged: a flat text prompt cannot be
+        re-assembled (its messages are not told apart)."""
+        body = await self.read_json(request)
+        with self.gate.live():
+            if body.get("stream"):
+                return await self.stream(request, "/completions", body, lambda usage: None)
+            return await self.whole("/completions", body, lambda usage: None)
+
+    async def models(self, request: web.Request) -> web.Response:
+        async with self.upstream.send("GET", "/models") as answer:
+            data = await answer.read()
+        return web.Response(body=data, status=answer.status, content_type=answer.content_type or "application/json")
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def ctx_stats(self, request: web.Request) -> web.Response:
+        facts = self.stats.facts()
+        setup = self._setup
+        summarizer = setup.summarizer if setup is not None else None
+        for chat in facts["chats"]:
+            work = summarizer.left(chat["chat"]) if summarizer is not None else None
+            chat["summaries_left"] = work.requests_left if work is not None else 0
+        return web.json_response(facts)
+
+    # the app ----------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        middlewares = [self.cors, self.errors, self.authorized]
+        app = web.Application(client_max_size=self.settings.serve.max_body, middlewares=middlewares)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/ctx/stats", self.ctx_stats)
+        app.on_startup.append(self._open)
+        app.on_shutdown.append(self._stopping)
+        app.on_cleanup.append(self._close)
+        app.on_response_prepare.append(self._cors_headers)
+        return app
+
+    async def _open(self, app: web.Application) -> None:
+        await self.upstream.open()
+
+    async def _stopping(self, app: web.Application) -> None:
+        self.gate.stop()
+        if self._setup is not None and self._setup.summarizer is not None:
+            self._setup.summarizer.stop()
+
+    async def _close(self, app: web.Application) -> None:
+        await self.upstream.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    @web.middleware
+    async def cors(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """A browser frontend (RisuAI, Agnai in a browser) asks first whether it may: yes, from
+        any page, as llama.cpp's server answers. The key, when one is set, still decides."""
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            return web.Response(status=204, headers=CORS_PREFLIGHT)
+        return await handler(request)
+
+    async def _cors_headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers.setdefault("Access-Control-Allow-Origin", "*")
+
+    @web.middleware
+    async def authorized(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """With a key set, every request but `/health` must send it (`Authorization: Bearer`,
+        as the OpenAI client does, or `X-Api-Key`)."""
+        if self.key and request.path != "/health":
+            given = request.headers.get("Authorization", "")
+            given = given[7:].strip() if given[:7].lower() == "bearer " else request.headers.get("X-Api-Key", "")
+            if not hmac.compare_digest(given.encode(), self.key.encode()):
+                return error(401, "ctx serve: a missing or wrong API key", code="invalid_api_key")
+        return await handler(request)
+
+    @web.middleware
+    async def errors(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Every failure as an OpenAI-style error, translated here once."""
+        try:
+            return await handler(request)
+        except TooLarge as why:
+            return error(413, f"ctx serve: the request body is over {why.bound:,} bytes ([serve] max_body)")
+        except ChatError as why:
+            return error(400, f"ctx serve: {why}")
+        except BackendError as failure:
+            log.warning("the backend failed: %s", failure)
+            return backend_failed(failure)
+        except web.HTTPException:
+            raise
+        except OtakuError as why:
+            log.warning("%s", why)
+            return error(500, f"ctx serve: {why}", "server_error")
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception:
+            log.exception("ctx serve: an internal error")
+            return error(500, "ctx serve: an internal error (its log says more)", "server_error")
+
+
+CORS_PREFLIGHT = {
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+    "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Api-Key, X-Ctx-Chat",
+    "Access-Control-Max-Age": "600",
+}
+
+
+class TooLarge(Exception):
+    def __init__(self, bound: int) -> None:
+        super().__init__(bound)
+        self.bound = bound
+
+
+def _tokens(body: Mapping[str, Any]) -> int | None:
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ChatError(f"{key}: expected a whole number of tokens ≥ 0")
+        return value
+    return None
+
+
+# running it --------------------------------------------------------------------------------
+
+
+async def run(service: Service, stop: asyncio.Event, ready: Callable[[str], None]) -> None:
+    """Serve until `stop` is set, then stop taking connections, let the replies in flight finish
+    (at most `[serve] shutdown` seconds) and return."""
+    s = service.settings.serve
+    runner = web.AppRunner(service.app(), access_log=None, handler_cancellation=True, shutdown_timeout=s.shutdown)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, s.host, s.port)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        shown = f"[{host}]" if ":" in str(host) else str(host)
+        ready(f"http://{shown}:{port}/v1")
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def serve_forever(service: Service, say: Callable[[str], None]) -> None:
+    """`ctx serve`: run until SIGTERM or Ctrl-C; the replies in flight then finish first."""
+    logging.basicConfig(level=logging.INFO, format="ctx serve: %(message)s")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for each in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(each, stop.set)
+
+        def ready(url: str) -> None:
+            say(f"ctx serve: listening on {url}, forwarding to {service.backend.url}")
+
+        await run(service, stop, ready)
+
+    try:
+        asyncio.run(main())
+    except OSError as why:  # the port is taken, the address not ours
+        raise ServeError(
+            f"cannot listen on {service.settings.serve.host}:{service.settings.serve.port}: {why.strerror or why}"
+        ) from None
+
+
+class Running:
+    """A `ctx serve` on a thread of its own (the tests' and the benchmark's): `url` once it
+    listens; `stop()` ends it as SIGTERM does."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.url = ""
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="ctx-serve", daemon=True)
+        self._thread.start()
+        self._ready.wait(30)
+        if self._failed is not None:
+            raise self._failed
+
+    def _main(self) -> None:
+        async def main() -> None:
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+
+            def ready(url: str) -> None:
+                self.url = url
+                self._ready.set()
+
+            await run(self.service, self._stop, ready)
+
+        try:
+            asyncio.run(main())
+        except BaseException as failure:  # noqa: BLE001 - handed to the starting thread
+            self._failed = failure
+            self._ready.set()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)

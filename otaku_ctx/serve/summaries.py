@@ -1,0 +1,238 @@
+"""Summaries in the background: when a chat's settled part has no summaries, the same backend
+is asked for them, one request at a time and only while no live request is waiting, so a live
+request never waits behind more than the one summary request already on the server.
+
+The planning and the commits are `ctx summarize`'s own (`summarize.plan_for`, `summarize.run`):
+resumable (each finished scene is written to the chat's sidecar before the next request) and
+edit-aware (a stale scene is redone, a fresh one kept)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any, cast
+
+from ..backend import Backend, BackendError, Reply
+from ..config import Settings
+from ..errors import OtakuError
+from ..story.model import Story
+from ..summarize import Plan, Progress, plan_for, prompts_of, run
+from ..tokens import TokenCounter
+from .store import Store
+
+log = logging.getLogger("otaku_ctx.serve")
+
+
+class Stopped(Exception):
+    """The server is stopping: no further summary request is sent."""
+
+
+class Gate:
+    """Live requests first. `live()` holds the gate for a frontend's request from its arrival
+    to its reply's end; a summary request is sent only when no live request is held, one at a
+    time (`summary()`)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self.live_now = 0
+        self.summary_now = False
+        self.stopping = False
+
+    @contextmanager
+    def live(self) -> Iterator[None]:
+        with self._changed:
+            self.live_now += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.live_now -= 1
+                self._changed.notify_all()
+
+    @contextmanager
+    def summary(self) -> Iterator[None]:
+        """Wait until no live request is held, then send one summary request: a live request
+        arriving meanwhile goes to the server at once and waits for this one at most."""
+        with self._changed:
+            self._changed.wait_for(lambda: (self.live_now == 0 and not self.summary_now) or self.stopping)
+            if self.stopping:
+                raise Stopped()
+            self.summary_now = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.summary_now = False
+                self._changed.notify_all()
+
+    def stop(self) -> None:
+        with self._changed:
+            self.stopping = True
+            self._changed.notify_all()
+
+
+class GatedBackend:
+    """The backend as the summarizer sees it: each chat request waits at the gate. Only what
+    `summarize.run` uses of a `Backend` (`chat`, `url`, `model`, `window`)."""
+
+    def __init__(self, backend: Backend, gate: Gate) -> None:
+        self.backend, self.gate = backend, gate
+        self.url, self.model = backend.url, backend.model
+
+    def window(self) -> int | None:
+        return self.backend.window()
+
+    def chat(self, messages: Sequence[Mapping[str, str]], **asked: Any) -> Reply:
+        with self.gate.summary():
+            return self.backend.chat(messages, **asked)
+
+
+@dataclass
+class Work:
+    """A chat's summaries being written: the requests of its plan, and how many are done."""
+
+    story: Story
+    plan: Plan | None = None
+    progress: Progress | None = None
+
+    @property
+    def scenes_left(self) -> int:
+        if self.plan is None:
+            return 0
+        done = self.progress.done if self.progress else 0
+        return max(0, len(self.plan.spans) - done)
+
+    @property
+    def requests_left(self) -> int:
+        if self.plan is None:
+            return 0
+        if self.progress is None:
+            return len(self.plan.requests)
+        return max(0, self.progress.total - self.progress.done)
+
+
+class Summarizer:
+    """One thread that writes the summaries chats lack, a chat at a time, newest wish first.
+    `counting` runs a function where the turns count (one thread: counters are not shared
+    across threads)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        settings: Settings,
+        count: TokenCounter,
+        store: Store,
+        gate: Gate,
+        counting: Callable[[Callable[[], Plan]], Plan],
+    ) -> None:
+        s = settings.summarize
+        # the summarizer asks the same server serve forwards to; its window is the server's
+        self.settings = replace(s, url=backend.url, model=backend.model, jobs=1)
+        self.backend = GatedBackend(backend, gate)
+        self.count, self.store, self.gate, self.counting = count, store, gate, counting
+        self.wanted: dict[str, Story] = {}
+        self.working: dict[str, Work] = {}
+        self.failed: dict[str, int] = {}  # chat -> the length of the story that failed, not retried until it grows
+        self.why: dict[str, str] = {}  # chat -> why its summaries could not be written, the last time
+        self.complete: dict[str, int] = {}  # chat -> the length of the story last found with nothing to do
+        self._lock = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name="ctx-serve-summaries", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def want(self, key: str, story: Story, *, now: bool = False) -> None:
+        """The chat as its latest request has it: summarize what it lacks, when there is time.
+        A chat found complete is planned again once `min_messages` more have come (a scene's
+        worth), or `now` (a turn was refused: a stale scene may stand in the way)."""
+        with self._lock:
+            if self.failed.get(key, -1) >= len(story) and not now:
+                return
+            if not now and len(story) < self.complete.get(key, -1) + self.settings.min_messages:
+                return
+            self.wanted[key] = story
+            self._lock.notify_all()
+
+    def outlook(self, key: str, story: Story) -> Work:
+        """What writing this chat's summaries takes, planned now (on the caller's thread, where
+        the counting is: a refused turn says how many scenes are left before the summarizer
+        has planned them itself)."""
+        with self._lock:
+            work = self.working.get(key)
+        if work is not None and work.plan is not None:
+            return work
+        prompts = prompts_of(self.settings, self.count)
+        backend = cast(Backend, self.backend)
+        return Work(story, plan_for(story, self.store.records(key), prompts, self.settings, backend))
+
+    def left(self, key: str) -> Work | None:
+        with self._lock:
+            return self.working.get(key)
+
+    def stop(self) -> None:
+        self.gate.stop()
+        with self._lock:
+            self._lock.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: bool(self.wanted) or self.gate.stopping)
+                if self.gate.stopping:
+                    return
+                key, story = self.wanted.popitem()
+                work = self.working[key] = Work(story)
+            try:
+                self._summarize(key, work)
+            except Stopped:
+                return
+            except (OtakuError, OSError) as error:
+                if self.gate.stopping:  # the request in flight when the server stopped: resumed next time
+                    return
+                log.warning("chat %s: summaries not written: %s", key[:12], error)
+                with self._lock:
+                    self.failed[key] = len(story)
+                    self.why[key] = str(error)
+            except Exception:  # noqa: BLE001 - a bug here must not end the server
+                if self.gate.stopping:  # the worker thread is gone: the server is stopping
+                    return
+                log.exception("chat %s: summaries not written", key[:12])
+                with self._lock:
+                    self.failed[key] = len(story)
+            finally:
+                with self._lock:
+                    self.working.pop(key, None)
+
+    def _summarize(self, key: str, work: Work) -> None:
+        story = work.story
+        records = self.store.records(key)
+        prompts = prompts_of(self.settings, self.count)
+        backend = cast(Backend, self.backend)  # what `run` and `plan_for` use of one, gated
+        chosen = self.counting(lambda: plan_for(story, records, prompts, self.settings, backend))
+        with self._lock:
+            self.why.pop(key, None)
+        if not chosen.requests:
+            with self._lock:
+                self.complete[key] = len(story)
+            return
+        progress = Progress()
+        with self._lock:
+            work.plan, work.progress = chosen, progress
+        log.info(
+            "chat %s: writing summaries: %d scenes, %d requests", key[:12], len(chosen.spans), len(chosen.requests)
+        )
+        try:
+            report = run(chosen, backend, prompts, lambda done: self.store.save(key, done), progress)
+        except BackendError as error:
+            raise OtakuError(str(error)) from None
+        missing = f", {len(report.missing)} that no reply would do for" if report.missing else ""
+        log.info(
+            "chat %s: summaries written: %d scenes, %d histories, %d scenes in all%s",
+            key[:12], report.summaries, report.histories, report.scenes, missing,
+        )  # fmt: skip
+        if report.missing:
+            with self._lock:
+                self.why[key] = f"no reply of the model would do for {len(report.missing)} scenes"

@@ -1,0 +1,615 @@
+"""`ctx serve` between the real `openai` client and a stand-in model server of the tests' own
+(loopback, port 0, in a thread) that answers like llama.cpp's server and logs every request:
+the chat assembled and forwarded (streamed and not), the pass-through endpoints, the stats, the
+summaries written in the background, and the failure modes a real server will not produce on
+cue — down, slow, a 500, a disconnect mid-stream, a client that goes away, an oversized body.
+The real server's test is tests/realserver/test_serve_real.py."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from otaku_ctx.config import ContextSettings, ServeSettings, Settings, SummarizeSettings
+from otaku_ctx.serve.chats import HEADER, ChatError, chat_story, identify
+from otaku_ctx.serve.http import Running, ServeError, Service
+from otaku_ctx.serve.stats import StreamUsage, Usage
+from otaku_ctx.story.sidecar import read_sidecar
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class StandIn(ThreadingHTTPServer):
+    """A model server: `/props` says its window, `/v1/models` lists one model, chat completions
+    answer `reply to N messages` (streamed a word a chunk when asked), summaries and histories
+    answer JSON. `mode` makes it fail: "500", "slow" (waits `delay` first), "cut" (a stream
+    that stops mid-reply), "hang" (a stream that sends one chunk, then waits)."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.window = 8192
+        self.mode = ""
+        self.delay = 0.0
+        self.summary_delay = 0.0
+        self.bodies: list[dict[str, Any]] = []  # the live chat requests, as received
+        self.summaries: list[dict[str, Any]] = []  # the summary and history requests
+        self.completions: list[bytes] = []
+        self.events: list[tuple[str, float]] = []  # ("live"|"summary" start/end, time)
+        self.gone = threading.Event()  # a client went away mid-stream
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+def reply_text(body: dict[str, Any]) -> str:
+    return f"reply to {len(body['messages'])} messages"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: StandIn
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _send(self, status: int, data: object) -> None:
+        body = json.dumps(data).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        if self.path == "/props":
+            self._send(200, {"default_generation_settings": {"n_ctx": self.server.window}})
+        elif self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": "stand-in", "object": "model", "owned_by": "tests"}]})
+        else:
+            self._send(404, {"error": {"message": "no such endpoint"}})
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/v1/completions":
+            self.server.completions.append(raw)
+            self._send(200, {"choices": [{"text": "continued", "index": 0, "finish_reason": "stop"}]})
+            return
+        if self.path != "/v1/chat/completions":
+            self._send(404, {"error": {"message": "no such endpoint"}})
+            return
+        body = json.loads(raw)
+        if body.get("response_format") is not None:
+            self._summary(body)
+            return
+        stand_in = self.server
+        with stand_in.lock:
+            stand_in.bodies.append(body)
+            stand_in.events.append(("live", time.monotonic()))
+        if stand_in.mode == "500":
+            self._send(500, {"error": {"message": "the model crashed"}})
+            return
+        if stand_in.mode == "slow":
+            time.sleep(stand_in.delay)
+        text = reply_text(body)
+        usage = {"prompt_tokens": 100, "completion_tokens": 4, "total_tokens": 104}
+        timings = {"cache_n": 90, "prompt_n": 10}
+        if not body.get("stream"):
+            message = {"role": "assistant", "content": text}
+            self._send(
+                200,
+                {
+                    "id": "c1",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": body.get("model") or "stand-in",
+                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                    "usage": usage,
+                    "timings": timings,
+                },
+            )
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        words = text.split(" ")
+        try:
+            for i, word in enumerate(words):
+                delta = {"content": word if i == 0 else " " + word}
+                chunk = {
+                    "id": "c1",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": "stand-in",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+                }
+                self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+                if stand_in.mode == "cut" and i == 1:
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
+                    return
+                if stand_in.mode == "hang":
+                    for _ in range(100):
+                        time.sleep(0.05)
+                        self._chunk(b": still working\n\n")
+                time.sleep(stand_in.delay if stand_in.mode == "slow-stream" else 0)
+            end = {
+                "id": "c1",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "stand-in",
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                "usage": usage,
+                "timings": timings,
+            }
+            self._chunk(f"data: {json.dumps(end)}\n\n".encode())
+            self._chunk(b"data: [DONE]\n\n")
+            self._chunk(b"")
+        except (BrokenPipeError, ConnectionResetError):
+            stand_in.gone.set()
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _summary(self, body: dict[str, Any]) -> None:
+        stand_in = self.server
+        with stand_in.lock:
+            stand_in.summaries.append(body)
+            stand_in.events.append(("summary", time.monotonic()))
+        time.sleep(stand_in.summary_delay)
+        asked = body["messages"][-1]["content"]
+        if "The scene:" in asked or "[" in asked:
+            text = json.dumps({"title": "A scene", "summary": "Mara and the keeper talk about the lamp."})
+        else:
+            text = json.dumps({"history": "So far Mara and the keeper have talked."})
+        if "history" in json.dumps(body.get("response_format") or {}):
+            text = json.dumps({"history": "So far Mara and the keeper have talked."})
+        with stand_in.lock:
+            stand_in.events.append(("summary-end", time.monotonic()))
+        self._send(
+            200,
+            {
+                "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 50, "completion_tokens": 20},
+            },
+        )
+
+
+@pytest.fixture
+def stand_in() -> Iterator[StandIn]:
+    server = StandIn()
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def settings_for(url: str, **serve: Any) -> Settings:
+    context = ContextSettings(head_messages=2, min_tail_messages=10, tail_step=4, tail_floor=6, reserve_default=100)
+    summarize = SummarizeSettings(settle=4, min_chars=300, min_messages=6, summary_words=20, history_words=20)
+    given = {"backend": url, "port": 0, "timeout": 5.0, "connect_timeout": 2.0, "summarize": False, **serve}
+    return Settings(context=context, summarize=summarize, serve=ServeSettings(**given))
+
+
+@pytest.fixture
+def serving(stand_in: StandIn) -> Iterator[Running]:
+    running = Running(Service(settings_for(stand_in.url)))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def client(running: Running, key: str = "none", **given: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=running.url, api_key=key, max_retries=0, timeout=20, **given)
+
+
+def chat(n: int, frame: str = "You are the keeper of the lighthouse.", words: int = 12) -> list[dict[str, Any]]:
+    """A chat of `n` messages after a system frame: Keeper's greeting first, then by turns."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": frame}]
+    for i in range(1, n + 1):
+        role = "assistant" if i % 2 else "user"
+        name = "Keeper" if i % 2 else "Mara"
+        text = " ".join(f"w{i}x{j}" for j in range(words))
+        messages.append({"role": role, "name": name, "content": f"Turn {i}: {text}."})
+    return messages
+
+
+# ── a request as a Story, and which chat it is ─────────────────────────────────────────────
+
+
+def test_a_request_becomes_a_story_with_its_frame_and_names() -> None:
+    body = {"messages": [*chat(3), {"role": "system", "content": "A narrator's aside."}]}
+    story = chat_story(body)
+    assert story.system == "You are the keeper of the lighthouse."
+    assert [(m.number, m.role, m.name) for m in story.messages] == [
+        (1, "assistant", "Keeper"),
+        (2, "user", "Mara"),
+        (3, "assistant", "Keeper"),
+        (4, "system", None),
+    ]
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    assert chat_story(parts).messages[0].content == "a\nb"
+
+
+@pytest.mark.parametrize(
+    "messages, said",
+    [
+        ([], "non-empty list"),
+        ([{"role": "system", "content": "only a frame"}], "only system messages"),
+        ([{"role": "tool", "content": "x"}], "role 'tool'"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "only text content parts"),
+    ],
+)
+def test_a_request_that_is_no_chat_is_refused(messages: list[Any], said: str) -> None:
+    with pytest.raises(ChatError, match=said):
+        chat_story({"messages": messages})
+
+
+def test_a_chat_is_known_by_its_frame_and_opening_or_by_its_name() -> None:
+    first = chat_story({"messages": chat(4)})
+    later = chat_story({"messages": chat(30)})
+    other = chat_story({"messages": chat(30, frame="You are a ferryman.")})
+    key = identify(first, {}, {}, 2)
+    assert key == identify(later, {}, {}, 2) and not key.named
+    assert identify(other, {}, {}, 2) != key
+    named = identify(later, {}, {HEADER: "lamp"}, 2)
+    assert named.named and named == identify(other, {"user": "lamp"}, {}, 2) != key
+
+
+def test_usage_is_read_as_each_server_reports_it() -> None:
+    llama = Usage()
+    llama.read({"timings": {"cache_n": 90, "prompt_n": 10}})
+    assert (llama.prompt_tokens, llama.cached) == (100, 90)
+    hosted = Usage()
+    hosted.read({"usage": {"prompt_tokens": 50, "prompt_tokens_details": {"cached_tokens": 32}}})
+    assert (hosted.prompt_tokens, hosted.cached) == (50, 32)
+    streamed = StreamUsage()
+    for piece in (b'data: {"choices": []}\n\nda', b'ta: {"usage": {"prompt_tokens": 7}, "tokens_cached": 5}\n\n'):
+        streamed.feed(piece)
+    assert (streamed.prompt_tokens, streamed.cached) == (7, 5)
+
+
+# ── the endpoints, through the real openai client ──────────────────────────────────────────
+
+
+def test_a_chat_is_assembled_and_forwarded_with_its_body(serving: Running, stand_in: StandIn) -> None:
+    messages = chat(9)
+    reply = client(serving).chat.completions.create(
+        model="local", messages=messages, temperature=0.3, stop=["\nMara:"], max_tokens=50, seed=7
+    )
+    assert reply.choices[0].message.content == reply_text(stand_in.bodies[-1])
+    sent = stand_in.bodies[-1]
+    assert (sent["model"], sent["temperature"], sent["stop"], sent["max_tokens"], sent["seed"]) == (
+        "local",
+        0.3,
+        ["\nMara:"],
+        50,
+        7,
+    )
+    assert sent["messages"] != messages and sent["messages"][0]["role"] == "system"
+    assert "You are the keeper of the lighthouse." in sent["messages"][0]["content"]
+    assert "w9x11" in json.dumps(sent["messages"])  # the newest message is sent
+
+
+def test_a_streamed_reply_arrives_chunk_by_chunk(serving: Running, stand_in: StandIn) -> None:
+    stream = client(serving).chat.completions.create(model="local", messages=chat(5), stream=True)
+    pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+    assert "".join(pieces) == reply_text(stand_in.bodies[-1])
+    assert len(pieces) == len(reply_text(stand_in.bodies[-1]).split(" "))
+
+
+def test_a_streamed_turn_is_counted_once_its_last_event_passes(serving: Running, stand_in: StandIn) -> None:
+    stream = client(serving).chat.completions.create(model="local", messages=chat(5), stream=True)
+    for _ in stream:  # the client hangs up once it has [DONE]
+        pass
+    stream.close()
+    [turn] = json.loads(_get(serving, "/ctx/stats"))["chats"][0]["turns"]
+    assert (turn["prompt_tokens"], turn["cached"]) == (100, 90)
+
+
+def test_the_models_health_and_completions_pass_through(serving: Running, stand_in: StandIn) -> None:
+    talk = client(serving)
+    assert [m.id for m in talk.models.list()] == ["stand-in"]
+    done = talk.completions.create(model="local", prompt="Once upon a time", max_tokens=5, temperature=0)
+    assert done.choices[0].text == "continued"
+    assert json.loads(stand_in.completions[-1]) == {
+        "model": "local",
+        "prompt": "Once upon a time",
+        "max_tokens": 5,
+        "temperature": 0,
+    }
+    connection = http.client.HTTPConnection("127.0.0.1", int(serving.url.split(":")[2].split("/")[0]), timeout=5)
+    connection.request("GET", "/health")
+    assert json.loads(connection.getresponse().read()) == {"status": "ok"}
+
+
+def test_stats_say_each_turns_case_and_tokens(serving: Running, stand_in: StandIn) -> None:
+    talk = client(serving)
+    for n in (5, 7):
+        talk.chat.completions.create(model="local", messages=chat(n), max_tokens=20)
+    stats = json.loads(_get(serving, "/ctx/stats"))
+    [one] = stats["chats"]
+    assert [t["messages"] for t in one["turns"]] == [5, 7]
+    assert one["case"] == 1 and one["turns"][-1]["cached"] == 90 and one["turns"][-1]["reprocessed"] == 10
+    assert all(0 < t["sent"] <= t["limit"] for t in one["turns"])
+
+
+def test_two_chats_at_once_each_get_their_own(serving: Running, stand_in: StandIn) -> None:
+    stand_in.mode, stand_in.delay = "slow", 0.3
+    talk = client(serving)
+    got: dict[str, str] = {}
+
+    def ask(frame: str, n: int) -> None:
+        reply = talk.chat.completions.create(model="local", messages=chat(n, frame=frame))
+        got[frame] = reply.choices[0].message.content or ""
+
+    threads = [threading.Thread(target=ask, args=(f, n)) for f, n in (("A ferry.", 3), ("A lamp.", 6))]
+    started = time.monotonic()
+    for each in threads:
+        each.start()
+    for each in threads:
+        each.join()
+    assert time.monotonic() - started < 0.55  # the two waited together, not one after the other
+    frames = {b["messages"][0]["content"].split("\n")[0]: b for b in stand_in.bodies}
+    assert got == {f: reply_text(frames[f]) for f in ("A ferry.", "A lamp.")}
+    assert len(json.loads(_get(serving, "/ctx/stats"))["chats"]) == 2
+
+
+def test_a_chat_that_cannot_fit_is_refused_naming_the_window(serving: Running, stand_in: StandIn) -> None:
+    stand_in.window = 600
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(serving).chat.completions.create(model="local", messages=chat(80), max_tokens=100)
+    said = refused.value.body["message"]  # type: ignore[index]
+    assert "it needs a window of" in said and "600-token window less 100 for the reply" in said
+    assert stand_in.bodies == []
+
+
+def test_a_long_chat_fits_the_backends_window_less_the_reply(serving: Running, stand_in: StandIn) -> None:
+    stand_in.window = 3000
+    home = Path(os.environ["OTAKU_HOME"]) / "chats"
+    home.mkdir(parents=True)
+    story = chat_story({"messages": chat(60)})
+    key = identify(story, {}, {}, 2).key
+    from otaku_ctx.story.sidecar import Record, covers, sha
+
+    records = [
+        Record(i + 1, a, b, f"S{i}", f"Scene {a}-{b} in short.", covers=covers(story, a, b), summary_sha=sha("x"))
+        for i, (a, b) in enumerate([(3, 14), (15, 26), (27, 38)])
+    ]
+    (home / f"{key}.ctx-summaries").write_text("".join(r.line_text() + "\n" for r in records))
+    client(serving).chat.completions.create(model="local", messages=chat(60), max_tokens=300)
+    [turn] = json.loads(_get(serving, "/ctx/stats"))["chats"][0]["turns"]
+    assert turn["case"] in (3, 5) and turn["sent"] <= turn["limit"] == 3000 - 300
+    assert "Scene 3-14 in short." in json.dumps(stand_in.bodies[-1]["messages"])
+
+
+# ── failures ───────────────────────────────────────────────────────────────────────────────
+
+
+def test_a_backend_that_is_down_is_a_502(stand_in: StandIn) -> None:
+    url = stand_in.url
+    stand_in.shutdown()
+    stand_in.server_close()
+    running = Running(Service(settings_for(url)))
+    try:
+        with pytest.raises(openai.APIStatusError) as failed:
+            client(running).chat.completions.create(model="local", messages=chat(3))
+        assert failed.value.status_code == 502
+        said = failed.value.body["message"]  # type: ignore[index]
+        assert "\n" not in said and "connection refused" in said and url.split("/v1")[0] in said
+    finally:
+        running.stop()
+
+
+def test_a_backend_500_is_a_502_and_a_slow_one_a_504(stand_in: StandIn) -> None:
+    running = Running(Service(settings_for(stand_in.url, timeout=0.5)))
+    try:
+        talk = client(running)
+        talk.models.list()  # the window is asked before the mode changes
+        stand_in.mode = "500"
+        with pytest.raises(openai.APIStatusError) as failed:
+            talk.chat.completions.create(model="local", messages=chat(3))
+        assert failed.value.status_code == 502 and "the model crashed" in failed.value.body["message"]  # type: ignore[index]
+        stand_in.mode, stand_in.delay = "slow", 2.0
+        with pytest.raises(openai.APIStatusError) as slow:
+            talk.chat.completions.create(model="local", messages=chat(3))
+        assert slow.value.status_code == 504 and "no reply within 0.5 s" in slow.value.body["message"]  # type: ignore[index]
+    finally:
+        running.stop()
+
+
+def test_a_backend_that_stops_mid_stream_ends_the_stream_with_an_error(serving: Running, stand_in: StandIn) -> None:
+    stand_in.mode = "cut"
+    stream = client(serving).chat.completions.create(model="local", messages=chat(3), stream=True)
+    with pytest.raises(openai.APIError, match="the backend failed"):
+        for _ in stream:
+            pass
+
+
+def test_a_client_that_goes_away_cancels_the_backend_request(serving: Running, stand_in: StandIn) -> None:
+    stand_in.mode = "hang"
+    host, port = serving.url.split("//")[1].split("/")[0].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=5)
+    body = json.dumps({"model": "local", "messages": chat(3), "stream": True})
+    connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200 and response.read1(100).startswith(b"data: ")
+    connection.close()
+    assert stand_in.gone.wait(4), "the backend's stream went on after the client left"
+
+
+def test_an_oversized_body_is_a_413(stand_in: StandIn) -> None:
+    running = Running(Service(settings_for(stand_in.url, max_body=4096)))
+    try:
+        with pytest.raises(openai.APIStatusError) as failed:
+            client(running).chat.completions.create(model="local", messages=chat(60))
+        assert failed.value.status_code == 413 and "4,096 bytes" in failed.value.body["message"]  # type: ignore[index]
+        assert stand_in.bodies == []
+    finally:
+        running.stop()
+
+
+def test_another_address_needs_a_key_and_a_request_without_it_gets_401(
+    stand_in: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ServeError, match="needs an API key"):
+        Service(settings_for(stand_in.url, host="0.0.0.0"))
+    monkeypatch.setenv("CTX_TEST_KEY", "sesame")
+    running = Running(Service(settings_for(stand_in.url, host="127.0.0.1", api_key_env="CTX_TEST_KEY")))
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            client(running, key="wrong").chat.completions.create(model="local", messages=chat(3))
+        reply = client(running, key="sesame").chat.completions.create(model="local", messages=chat(3))
+        assert reply.choices[0].message.content
+    finally:
+        running.stop()
+
+
+def test_a_chats_text_is_never_logged(serving: Running, stand_in: StandIn, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="otaku_ctx.serve")
+    client(serving).chat.completions.create(model="local", messages=chat(5))
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("case 1" in line and "tokens sent" in line and "90 cached" in line for line in lines)
+    assert not any("w3x" in line or "lighthouse" in line for line in lines)
+
+
+# ── summaries in the background ────────────────────────────────────────────────────────────
+
+
+def test_summaries_are_written_in_the_background_and_used(stand_in: StandIn) -> None:
+    stand_in.window, stand_in.summary_delay = 1200, 0.05
+    running = Running(Service(settings_for(stand_in.url, summarize=True)))
+    try:
+        talk = client(running)
+        with pytest.raises(openai.BadRequestError, match="summaries are being written"):
+            talk.chat.completions.create(model="local", messages=chat(60), max_tokens=200)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                talk.chat.completions.create(model="local", messages=chat(60), max_tokens=200)
+                break
+            except openai.BadRequestError:
+                time.sleep(0.2)
+        [turn] = json.loads(_get(running, "/ctx/stats"))["chats"][0]["turns"][-1:]
+        assert turn["case"] in (3, 4, 5)
+        [sidecar] = (Path(os.environ["OTAKU_HOME"]) / "chats").glob("*.ctx-summaries")
+        records = read_sidecar(sidecar)
+        assert records and records[-1].end <= 60 - 4  # the newest `settle` messages are left alone
+    finally:
+        running.stop()
+
+
+def test_a_live_request_waits_behind_one_summary_request_at_most(stand_in: StandIn) -> None:
+    stand_in.window, stand_in.summary_delay = 1200, 0.4
+    running = Running(Service(settings_for(stand_in.url, summarize=True)))
+    try:
+        talk = client(running)
+        with pytest.raises(openai.BadRequestError):
+            talk.chat.completions.create(model="local", messages=chat(60), max_tokens=200)
+        while not stand_in.summaries:
+            time.sleep(0.02)
+        asked = time.monotonic()
+        talk.chat.completions.create(model="local", messages=chat(4, frame="Another chat."), max_tokens=20)
+        assert time.monotonic() - asked < 0.4 + 0.3  # the one summary in flight, and no more
+    finally:
+        running.stop()
+
+
+# ── the command ────────────────────────────────────────────────────────────────────────────
+
+
+def test_serve_without_the_extra_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    from otaku_ctx.cli.app import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "aiohttp" else real(name, *a))
+    assert main(["serve", "--backend", "http://127.0.0.1:9/v1"]) == 1
+    assert capsys.readouterr().err == (
+        "ctx: ctx serve needs aiohttp, the serve extra: pip install 'otaku-ctx[serve]'"
+        " (or CTX_EXTRAS=model,serve sh install.sh)\n"
+    )
+
+
+def test_sigterm_lets_a_stream_in_flight_finish(stand_in: StandIn, otaku_home: Path) -> None:
+    stand_in.mode, stand_in.delay = "slow-stream", 0.2
+    env = {**os.environ, "OTAKU_HOME": str(otaku_home)}
+    command = [sys.executable, "-m", "otaku_ctx", "serve", "--backend", stand_in.url, "--port", "0", "--no-summarize"]
+    process = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        line = process.stderr.readline()
+        assert "listening on http://127.0.0.1:" in line, line
+        url = line.split("listening on ")[1].split(",")[0]
+        stream = openai.OpenAI(base_url=url, api_key="none", max_retries=0).chat.completions.create(
+            model="local", messages=chat(3), stream=True
+        )
+        pieces = [next(iter(stream)).choices[0].delta.content]
+        process.send_signal(signal.SIGTERM)
+        pieces += [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+        assert "".join(p or "" for p in pieces) == reply_text(stand_in.bodies[-1])
+        assert process.wait(10) == 0
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_nothing_is_written_but_the_summaries_store(serving: Running, otaku_home: Path) -> None:
+    client(serving).chat.completions.create(model="local", messages=chat(7))
+    written = [p for p in otaku_home.rglob("*") if p.is_file() and "counts" not in p.parts]
+    assert written == []
+
+
+def _get(running: Running, path: str) -> bytes:
+    host, port = running.url.split("//")[1].split("/")[0].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=5)
+    connection.request("GET", path)
+    return connection.getresponse().read()
+
+
+def test_the_help_ends_with_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    from otaku_ctx.cli.app import main
+
+    assert main(["serve", "--help"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.rstrip().endswith("Custom (OpenAI-compatible): http://127.0.0.1:8765/v1")
+    assert "ctx serve --backend http://127.0.0.1:8080/v1" in shown.split("Options:")[1]
+
+
+def test_a_browser_frontend_may_ask(serving: Running) -> None:
+    host, port = serving.url.split("//")[1].split("/")[0].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=5)
+    asked = {"Origin": "http://localhost:6001", "Access-Control-Request-Method": "POST"}
+    connection.request("OPTIONS", "/v1/chat/completions", headers=asked)
+    answer = connection.getresponse()
+    answer.read()
+    assert answer.status == 204 and answer.getheader("Access-Control-Allow-Origin") == "*"
+    assert "Authorization" in (answer.getheader("Access-Control-Allow-Headers") or "")
+    connection.request("GET", "/health", headers={"Origin": "http://localhost:6001"})
+    assert connection.getresponse().getheader("Access-Control-Allow-Origin") == "*"
