@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -126,10 +127,13 @@ def test_a_template_that_is_not_jinja_names_the_file_and_line(tmp_path: Path) ->
         ("{% for m in messages %}" * 25 + "{% endfor %}" * 25, "(Python cannot compile it: too many statically nested"),
         ("{% if messages %}" * 120 + "{% endif %}" * 120, "(Python cannot compile it: too many levels of indentation)"),
         # past the recursion of Jinja's parser and compiler
-        ("{% if messages %}" * 100_000 + "{% endif %}" * 100_000, "it nests too deep to compile"),
+        ("{% if messages %}" * 2_500 + "{% endif %}" * 2_500, "it nests too deep to compile"),
         ("{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}", "it nests too deep to compile"),
+        # past the tokens ctx compiles (`jinja.TOKENS`): compiling costs ~3 KB a token
+        ("{% if messages %}" * 100_000 + "{% endif %}" * 100_000, "holds more than 20,000 Jinja tokens"),
+        ("{{x}}" * 400_000, "holds more than 20,000 Jinja tokens (tags, names, operators); no chat template is"),
     ],
-    ids=["25 for", "120 if", "100,000 if", "5,000 parentheses"],
+    ids=["25 for", "120 if", "2,500 if", "5,000 parentheses", "100,000 if", "2 MB of {{x}}"],
 )
 def test_a_template_nested_past_python_s_limits_is_one_line(tmp_path: Path, template: str, said: str) -> None:
     path = write(tmp_path / "deep.jinja", template)
@@ -246,7 +250,18 @@ def test_a_namespace_takes_no_underscore_attribute() -> None:
         ("{{ 'x' | center(10**9) }}", "a filter's argument"),
         ("{{ 'ab' | replace('', 'y' * 90000) | replace('', 'z' * 90000) }}", "a replace"),
         ("{{ messages | tojson(indent=1000) }}", "asks for a JSON indent of 1,000"),
-        ("{{ (['x' * 90000] * 90) | join }}", "would make a join of 8,100,000"),
+        ("{{ (['x' * 90000] * 90) | join }}", "would make a join of 180,000"),  # stopped at the second item
+        # a text of a container, measured before Python makes it (issue 28 #5, #6)
+        ("{{ ['x' * 90000] * 100000 }}", "would make a printed value of 180,0"),
+        ("{{ ([[0] * 90000] * 90000) | join }}", "would make a join of 100,002"),
+        ("{{ ['x' * 90000] * 100000 ~ '' }}", "would make a concatenation of 180,0"),
+        ("{{ (['x' * 90000] * 100000) | tojson }}", "would make a filter's text of 180,0"),
+        ("{{ (['x' * 90000] * 100000) | string }}", "would make a filter's text of 180,0"),
+        ("{{ '%s' % [['x' * 90000] * 100000] }}", "would make a format of 180,0"),
+        ("{{ '{}'.format(['x' * 90000] * 100000) }}", "would make a format of 180,0"),
+        ("{{ {'a': ['x' * 90000] * 100000} }}", "would make a printed value of 180,0"),
+        ("{% set ns = namespace(a=['x' * 90000] * 100000) %}{{ ns }}", "would make a printed value of 180,0"),
+        ("{{ ([[0] * 90000] * 90000) | map('join') | join }}", "would make a join of 180,000"),
         ("{{ (['x' * 90000] * 9) | join('y' * 90000) }}", "a join"),
         ("{{ ''.join(['x' * 90000] * 90) }}", "a join"),
         ("{{ ''.join(range(50000) | map('string') | map('center', 99000)) }}", "would make a join of 198,000"),
@@ -261,6 +276,42 @@ def test_a_hostile_template_stops_in_one_line(template: str, expected: str) -> N
     for, recursion), not by the clock: `SMALL`'s seconds are only a hang guard."""
     message = refused(template)
     assert "stopped: the template" in message and expected in message
+
+
+def test_a_container_within_the_bound_prints_as_python_prints_it() -> None:
+    """The measure of a container's text only refuses; what passes prints as before, and a long
+    list a filter keeps as it is (its length, its first item) is no text at all."""
+    assert rendered("{{ [1, 'a', none, {'k': [2.5]}] }}") == "[1, 'a', None, {'k': [2.5]}]"
+    assert rendered("{{ (['x' * 90000] * 100000) | length }}|{{ (['x' * 90000] * 100000) | first | length }}") == (
+        "100000|90000"
+    )
+    assert rendered("{{ [[1, 2], [3]] | map('join', '-') | join(',') }}") == "1-2,3"
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [([1, "ab", None], "[1, 'ab', None]"), ({"a": (1, 2)}, "{'a': (1, 2)}"), ([[0] * 300] * 2, str([[0] * 300] * 2))],
+)
+def test_the_measure_of_a_text_is_near_its_length(value: object, text: str) -> None:
+    """`printed` never makes the text, and is close to it: at most its length, and more than
+    half of it."""
+    assert len(text) / 2 < jinja.printed(value, 10**6) <= len(text) + 2
+
+
+def test_the_measure_of_a_long_list_stops_past_the_bound() -> None:
+    """A list of a million lists of a million items: measured in about `bound` items, not 10**12."""
+    seen = 0
+
+    class Counted(list[object]):
+        def __iter__(self) -> Iterator[object]:
+            nonlocal seen
+            for item in super().__iter__():
+                seen += 1
+                yield item
+
+    inner = Counted([0] * 1_000_000)
+    assert jinja.printed(Counted([inner] * 1_000_000), 100_000) > 100_000
+    assert seen <= 100_000
 
 
 class Ticking:

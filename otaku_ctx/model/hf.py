@@ -20,6 +20,7 @@ window never reads the vocabulary. `tokenizers` is imported only then too.
 from __future__ import annotations
 
 import re
+import sys
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,7 +33,10 @@ from . import INSTALL
 from .gguf import CONTROL, NORMAL, TOKENS, UNKNOWN, USER_DEFINED, Gguf, read_gguf
 
 CONVERTER = 3  # the conversion's own version, part of the cache's key: bump it when the output changes
-TOKENIZER_JSON_BOUND = 256 << 20  # bytes; Gemma's 256k vocabulary is ~35 MB
+TOKENIZER_JSON_BOUND = 64 << 20  # bytes; Gemma's 256k vocabulary is ~35 MB
+# items of a tokenizer.json's lists and objects (counted by their commas): its vocabulary, its
+# merges. Llama 3's ~700,000, Gemma 3's ~1,300,000; `tokenizers` takes ~300 bytes of memory each.
+TOKENIZER_JSON_ITEMS = 2_000_000
 BATCH = 64  # texts encoded in one call of `encode_batch_fast`
 
 # -- llama.cpp's pre-tokenizers (llama-vocab.cpp: llm_tokenizer_bpe, and its table of names) ---
@@ -176,6 +180,7 @@ class Loaded:
     # and the end of a text that decides how what follows it is counted
     encode: Callable[[str], list[int]] | None = None
     context: Callable[[str], str] | None = None
+    source: str = "tokenizer"  # the file an error while counting names
 
 
 class ModelCounter(TokenCounter):
@@ -230,11 +235,11 @@ class ModelCounter(TokenCounter):
             return len(ids) - (ids.count(unknown) if unknown is not None else 0)
 
         if loaded.split is None:
-            return [length(ids) for ids in _batch(loaded.tokenizer, texts)]
+            return [length(ids) for ids in _batch(loaded.tokenizer, texts, loaded.source)]
         counts = []
         for text in texts:
             plain, specials = loaded.split(text)
-            counts.append(specials + sum(length(ids) for ids in _batch(loaded.tokenizer, plain)))
+            counts.append(specials + sum(length(ids) for ids in _batch(loaded.tokenizer, plain, loaded.source)))
         return counts
 
     def ids(self, text: str) -> list[int]:
@@ -244,7 +249,7 @@ class ModelCounter(TokenCounter):
         loaded = self.loaded()
         if loaded.encode is not None:
             return loaded.encode(text)
-        ids = _batch(loaded.tokenizer, [text])[0]
+        ids = _batch(loaded.tokenizer, [text], loaded.source)[0]
         return [i for i in ids if i != loaded.unknown] if loaded.unknown is not None else list(ids)
 
     def count_many(self, texts: Iterable[str]) -> list[int]:
@@ -273,7 +278,7 @@ def controls(added: Iterable[Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(t.content for t in added if t.content and (t.special or _MARKUP.fullmatch(t.content))))
 
 
-def _batch(tokenizer: Any, texts: list[str]) -> list[Any]:
+def _batch(tokenizer: Any, texts: list[str], where: str = "tokenizer") -> list[Any]:
     if not texts:
         return []
     try:
@@ -281,7 +286,11 @@ def _batch(tokenizer: Any, texts: list[str]) -> list[Any]:
             return [tokenizer.encode(texts[0], add_special_tokens=False).ids]
         return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
     except TypeError:  # a lone surrogate, which no UTF-8 text holds: counted as U+FFFD, as cl100k_base does
-        return _batch(tokenizer, [without_surrogates(text) for text in texts])
+        return _batch(tokenizer, [without_surrogates(text) for text in texts], where)
+    except BaseException as exc:  # a panic in the Rust tokenizer (pyo3's PanicException is no Exception)
+        if type(exc).__name__ != "PanicException":
+            raise
+        raise ConfigError(where, None, f"its tokenizer broke down on a text: {_first_line(exc)}") from None
 
 
 def gguf_counter(path: Path, model: Gguf | None = None) -> ModelCounter:
@@ -723,31 +732,114 @@ def tokenizer_json_counter(path: Path) -> ModelCounter:
     shown = file.parent.name if file.name == "tokenizer.json" and file.parent.name else file.name
 
     def load() -> Loaded:
-        import json
-
         from tokenizers import Tokenizer
 
         text = _text(file)
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(
-                str(file), None, f"is not valid JSON (line {exc.lineno}); is it a tokenizer.json?"
-            ) from None
-        except RecursionError:
-            raise ConfigError(str(file), None, "nests too deep to be a tokenizer.json") from None
-        if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
-            raise ConfigError(str(file), None, "is not a Hugging Face tokenizer.json (it has no model)")
-        try:
+        if (items := text.count(",") + 1) > TOKENIZER_JSON_ITEMS:
+            message = f"holds over {TOKENIZER_JSON_ITEMS:,} items ({items:,}); no model's vocabulary is that large"
+            raise ConfigError(str(file), None, message)
+        _check_regexes(file, text)
+        try:  # parsed once, by `tokenizers`: json's dict of a large vocabulary would double the memory
             tokenizer = Tokenizer.from_str(text)
         except Exception as exc:
-            raise ConfigError(str(file), None, f"does not load as a tokenizer: {_first_line(exc)}") from None
-        decoder = tokenizer.get_added_tokens_decoder()
-        specials = controls(t for _, t in sorted(decoder.items()))
-        added = len(tokenizer.encode("", add_special_tokens=True).ids)
-        return Loaded(tokenizer, specials, _bos_text(file.parent, tokenizer), added)
+            why = _first_line(exc)
+        else:
+            decoder = tokenizer.get_added_tokens_decoder()
+            specials = controls(t for _, t in sorted(decoder.items()))
+            added = len(tokenizer.encode("", add_special_tokens=True).ids)
+            return Loaded(tokenizer, specials, _bos_text(file.parent, tokenizer), added, source=str(file))
+        raise ConfigError(str(file), None, _not_loaded(text, why))
 
     return ModelCounter(f"tokenizer.json {shown}", load)
+
+
+def _not_loaded(text: str, why: str) -> str:
+    """Why a tokenizer.json `tokenizers` refused does not load, said as JSON sees it first."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"is not valid JSON (line {exc.lineno}); is it a tokenizer.json?"
+    except ValueError:  # a number past Python's int-conversion limit
+        return f"holds a number of more than {sys.get_int_max_str_digits():,} digits; is it a tokenizer.json?"
+    except RecursionError:
+        return "nests too deep to be a tokenizer.json"
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        return "is not a Hugging Face tokenizer.json (it has no model)"
+    return f"does not load as a tokenizer: {why}"
+
+
+# A regex of a tokenizer.json (a `Split` pre-tokenizer's, a `Replace` normalizer's), as JSON spells it
+_REGEX = re.compile(r'"Regex"\s*:\s*("(?:[^"\\]|\\.)*")')
+
+
+def _check_regexes(file: Path, text: str) -> None:
+    """Refuse a regex that repeats a group holding a repetition (`(a+)+`): Oniguruma, the
+    engine `tokenizers` runs it in, backtracks on it until its retry limit, and the Rust
+    tokenizer then panics on the text."""
+    import json
+
+    for found in _REGEX.finditer(text):
+        try:
+            regex = json.loads(found[1])
+        except ValueError:
+            continue
+        if isinstance(regex, str) and nested_repetition(regex):
+            message = f"its regex {regex[:80]!r} repeats a repetition, which the tokenizer cannot run on a long text"
+            raise ConfigError(str(file), None, message)
+
+
+def nested_repetition(regex: str) -> bool:
+    """Whether the regex repeats without bound a group that holds an unbounded repetition:
+    `(a+)+`, `(?:a*b)*`, `((a+)+)+c` — the shape that backtracks exponentially."""
+    inner: list[bool] = []  # for each open group: whether it holds an unbounded repetition
+    i, n = 0, len(regex)
+
+    def unbounded(at: int) -> bool:
+        if at < n and regex[at] in "+*":
+            return True
+        shape = re.match(r"\{\d*,\}", regex[at:])
+        return shape is not None
+
+    while i < n:
+        char = regex[i]
+        if char == "\\":
+            i += 2
+            if i <= n and unbounded(i) and inner:
+                inner[-1] = True
+            continue
+        if char == "[":  # a class: skipped whole (`]` first, escapes and POSIX `[:...:]` inside)
+            i += 1
+            if i < n and regex[i] == "^":
+                i += 1
+            if i < n and regex[i] == "]":
+                i += 1
+            while i < n and regex[i] != "]":
+                i += 2 if regex[i] == "\\" else 1
+            i += 1
+            if unbounded(i) and inner:
+                inner[-1] = True
+            continue
+        if char == "(":
+            inner.append(False)
+            i += 1
+            continue
+        if char == ")":
+            held = inner.pop() if inner else False
+            i += 1
+            if unbounded(i):
+                if held:
+                    return True
+                if inner:
+                    inner[-1] = True
+            elif held and inner:
+                inner[-1] = True
+            continue
+        i += 1
+        if char not in "|^$" and unbounded(i) and inner:
+            inner[-1] = True
+    return False
 
 
 def _text(file: Path) -> str:

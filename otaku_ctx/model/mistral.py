@@ -171,7 +171,7 @@ def _tekken(path: Path) -> Tokenizer:
         raise ConfigError(source, "vocab", "holds a token twice")
     shown = f" {tekken.version}" if tekken.version else ""
     name = f"mistral {path.name} (Tekken{shown}, {tekken.size:,} tokens)"
-    return Tokenizer(name, tekken.controls, _tekken_count(_bpe(source, ranks, tekken.pattern)))
+    return Tokenizer(name, tekken.controls, _tekken_count(source, _bpe(source, ranks, tekken.pattern)))
 
 
 def _identity(path: Path) -> str:
@@ -249,22 +249,41 @@ def _tekken_specials(source: str, listed: Any, total: int) -> tuple[str, ...]:
     return tuple(dict.fromkeys(t for t in texts[:total] if t))
 
 
+# A text of each kind of character a pattern splits: one that matches nothing in it is no pattern.
+_PROBE = "Hello, world! It's 2024.\n\t  日本語 x"
+
+
 def _bpe(source: str, ranks: dict[bytes, int], pattern: str) -> Any:
-    """tiktoken's encoder for the ranks, with no special tokens: they are cut out before."""
+    """tiktoken's encoder for the ranks, with no special tokens: they are cut out before. A
+    pattern that matches an empty text (`""`, `a*`) is refused: tiktoken's Rust core panics on
+    the empty piece."""
+    import regex
     import tiktoken
 
+    try:
+        empty = any(m.end() == m.start() for m in regex.finditer(pattern, _PROBE))
+    except regex.error as exc:
+        raise ConfigError(source, "config", f"pattern is not usable: {exc}") from None
+    if empty:
+        raise ConfigError(source, "config", f"pattern {pattern[:80]!r} matches an empty text, which splits nothing")
     try:
         return tiktoken.Encoding(source, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
     except ValueError as exc:  # a pattern the regex engine refuses
         raise ConfigError(source, "config", f"pattern is not usable: {exc}") from None
 
 
-def _tekken_count(core: Any) -> Callable[[str], int]:
+def _tekken_count(source: str, core: Any) -> Callable[[str], int]:
     def count(text: str) -> int:
         try:
-            return len(core.encode_ordinary(text))
-        except UnicodeEncodeError:
-            return len(core.encode_ordinary(without_surrogates(text)))
+            try:
+                return len(core.encode_ordinary(text))
+            except UnicodeEncodeError:
+                return len(core.encode_ordinary(without_surrogates(text)))
+        except BaseException as exc:  # a panic in tiktoken's Rust core (pyo3's PanicException is no Exception)
+            if type(exc).__name__ != "PanicException":
+                raise
+            line = (str(exc).strip().splitlines() or ["a panic"])[0]
+            raise ConfigError(source, "config", f"the tokenizer broke down on a text: {line}") from None
 
     return count
 

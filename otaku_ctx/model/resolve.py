@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -81,6 +82,10 @@ def _json_object(path: Path, kind: str) -> dict[str, object]:
         data = json.loads(read_input(path, kind, _CONFIG_BOUND))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise ConfigError(str(path), None, "not valid JSON; fix the file, or name the part yourself") from None
+    except ValueError:  # a number past Python's int-conversion limit (4,300 digits)
+        digits = f"{sys.get_int_max_str_digits():,}"
+        message = f"holds a number of more than {digits} digits; fix the file, or name the part yourself"
+        raise ConfigError(str(path), None, message) from None
     return data if isinstance(data, dict) else {}
 
 

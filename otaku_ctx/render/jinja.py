@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, Mapping, Sequence, ValuesView
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
@@ -265,12 +265,29 @@ def compiled(template: str, name: str) -> Any:
         raise TemplateError(name, None, None, f"not a template ctx can run: its blocks nest too deep ({why})") from None
     except (RecursionError, MemoryError):
         raise TemplateError(name, None, None, "not a template ctx can run: it nests too deep to compile") from None
+    except _TooLarge as exc:
+        raise TemplateError(
+            name, None, None, f"not a template ctx can run: {exc}; no chat template is that large"
+        ) from None
+
+
+class _TooLarge(Exception):
+    """A template past what ctx compiles (`TOKENS`)."""
+
+
+# Jinja's tokens (a tag's delimiters, each name, operator and literal, each run of text) a
+# template may hold: compiling costs ~3 KB and ~50 µs a token, so 20,000 are ~60 MB and ~1 s.
+# The largest template in the fixtures, Mistral v7 Tekken's, holds 839.
+TOKENS = 20_000
 
 
 def _compile(environment: Any, template: str) -> Any:
-    """Parse, guard each loop and concatenation, compile."""
+    """Count the tokens (refused past `TOKENS`), parse, guard each loop and concatenation, compile."""
     from jinja2 import nodes
 
+    for count, _ in enumerate(environment.lexer.tokenize(template), 1):
+        if count > TOKENS:
+            raise _TooLarge(f"it holds more than {TOKENS:,} Jinja tokens (tags, names, operators)")
     tree = environment.parse(template)
     for loop in tree.find_all(nodes.For):
         loop.iter = nodes.Filter(loop.iter, "ctx_steps", [], [], None, None, lineno=loop.lineno)
@@ -310,7 +327,9 @@ def _environment() -> Any:
             args = _check_call(budget, __obj, args, kwargs)
             return super().call(__context, __obj, *args, **kwargs)
 
-    environment = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    environment = Environment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols], finalize=_finalize
+    )
     for key, function in list(environment.filters.items()):
         environment.filters[key] = _guarded_filter(function)
     environment.filters["tojson"] = _guarded_filter(_tojson)
@@ -385,10 +404,61 @@ def _steps(value: Any) -> Iterator[Any]:
 
 
 def _concat(values: Iterable[Any]) -> str:
-    """`a ~ b`: the texts joined, within the bound."""
-    texts = [str(v) for v in values]
-    _budget().size(sum(map(len, texts)), "a concatenation")
-    return "".join(texts)
+    """`a ~ b`: the texts joined, within the bound (a list's text measured before it is made)."""
+    budget = _budget()
+    values = list(values)
+    size = 0
+    for value in values:
+        size += printed(value, budget.limits.chars - size)
+        budget.size(size, "a concatenation")
+    return "".join(map(str, values))
+
+
+def _finalize(value: Any) -> Any:
+    """What `{{ ... }}` prints, measured before Python makes its text: a list of a long text
+    repeated is a short list whose text is not."""
+    if not isinstance(value, str):
+        budget = _budget()
+        budget.size(printed(value, budget.limits.chars), "a printed value")
+    return value
+
+
+def printed(value: Any, bound: int) -> int:
+    """About how many characters `str(value)` makes (a list's, a dict's, a namespace's text
+    counted item by item, never made), stopping as soon as the count passes `bound`: each item
+    is at least a character, so at most `bound` of them are looked at."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, bool) or value is None:
+        return 4
+    if isinstance(value, int):
+        return value.bit_length() * 3 // 10 + 1
+    if isinstance(value, float):
+        return len(repr(value))
+    items: Iterable[Any]
+    if isinstance(value, Mapping) or isinstance(value, _namespaces()):
+        attrs: Mapping[Any, Any] = (
+            value if isinstance(value, Mapping) else object.__getattribute__(value, "_Namespace__attrs")
+        )
+        items = (part for key in attrs for part in (key, attrs[key]))
+    elif isinstance(value, (list, tuple, set, frozenset, KeysView, ValuesView, ItemsView)):
+        items = value
+    else:  # a macro, a loop, a cycler, a range: a short text of its own
+        return 0
+    size = 0  # each item's text and two characters: the brackets', or a ", " before the next
+    for item in items:
+        left = bound - size
+        size += 2 + (len(item) + 2 if isinstance(item, str) else printed(item, left))
+        if size > bound:
+            break
+    return size
+
+
+@lru_cache(maxsize=1)
+def _namespaces() -> tuple[type, ...]:
+    import jinja2.utils
+
+    return (jinja2.utils.Namespace,)
 
 
 def _lipsum(generate: Callable[..., str]) -> Callable[..., str]:
@@ -415,6 +485,11 @@ def _guarded_filter(function: Callable[..., Any]) -> Callable[..., Any]:
         name = getattr(function, "__name__", "")
         at = next((i for i, a in enumerate(args) if not _is_context(a)), len(args))
         values = list(args[at:])
+        if name not in _KEEPS:  # a filter that makes a text of its value (`string`, `tojson`, `upper`)
+            size = 0
+            for value in (*values, *kwargs.values()):
+                size += printed(value, budget.limits.chars - size)
+                budget.size(size, "a filter's text")
         if name == "do_replace" and len(values) >= 3:
             _check_replace(budget, values[0], values[1], values[2])
         elif name == "do_join" and values:
@@ -438,6 +513,17 @@ def _guarded_filter(function: Callable[..., Any]) -> Callable[..., Any]:
     return guarded
 
 
+# jinja2's filters that never make a text of their value: a long list passes them as it is
+_KEEPS = frozenset(
+    (
+        "abs", "do_attr", "do_batch", "do_default", "do_dictsort", "do_first", "do_float", "do_groupby", "do_int",
+        "do_items", "do_join", "do_last", "do_list", "do_map", "do_max", "do_min", "do_random", "do_reject",
+        "do_rejectattr", "do_reverse", "do_round", "do_select", "do_selectattr", "do_slice", "do_sort", "do_sum",
+        "do_unique", "len",
+    )
+)  # fmt: skip
+
+
 def _is_context(value: Any) -> bool:
     return type(value).__name__ in ("EvalContext", "Context", "Environment")
 
@@ -455,6 +541,10 @@ def _check_binop(budget: _Budget, operator: str, left: Any, right: Any) -> None:
     elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
         budget.size(left.bit_length() * max(right, 0) // 8, "a power")
     elif operator == "%" and isinstance(left, str):
+        size = len(left)
+        for value in right if isinstance(right, tuple) else (right,):  # '%s' % long_list: its text measured first
+            size += printed(value, budget.limits.chars - size)
+            budget.size(size, "a format")
         if _WIDTH.search(left):
             budget.size(max(int(w) for w in _WIDTH.findall(left)), "a format width")
         for value in _ints(right):  # a width taken from the arguments: '%*d' % (n, 1)
@@ -471,6 +561,11 @@ def _check_call(budget: _Budget, function: Any, args: tuple[Any, ...], kwargs: d
     for value in _ints((*args, *kwargs.values())):  # also inside a list or dict: '{:{w[0]}}'.format(x, w=[n])
         budget.size(abs(value), "a string method's argument")
     name = getattr(method, "__name__", "")
+    if name in ("format", "format_map"):  # '{}'.format(long_list): its text measured first
+        size = len(owner)
+        for value in (*args, *kwargs.values()):
+            size += printed(value, budget.limits.chars - size)
+            budget.size(size, "a format")
     if name in ("format", "format_map") and _WIDTH.search(owner):
         budget.size(max(int(w) for w in _WIDTH.findall(owner)), "a format width")
     elif name == "replace" and len(args) >= 2:
@@ -499,15 +594,22 @@ def _bounded_list(budget: _Budget, items: Iterable[Any]) -> list[Any]:
     """The items to be joined, taken one by one while their texts fit the bound."""
     out, size = [], 0
     for item in items:
-        size += len(str(item))
+        size += printed(item, budget.limits.chars - size)
         budget.size(size, "a join")
         out.append(item)
     return out
 
 
 def _check_join(budget: _Budget, items: Any, separator: Any) -> None:
+    """The join's size counted item by item (each item's text estimated, never made),
+    refused as soon as it passes the bound."""
     if isinstance(items, (list, tuple)):
-        budget.size(sum(len(str(i)) for i in items) + len(str(separator)) * len(items), "a join")
+        between = printed(separator, budget.limits.chars)
+        budget.size(between * max(len(items) - 1, 0), "a join")
+        size = between * max(len(items) - 1, 0)
+        for item in items:
+            size += printed(item, budget.limits.chars - size)
+            budget.size(size, "a join")
 
 
 def _check_replace(budget: _Budget, text: Any, old: Any, new: Any) -> None:
