@@ -239,3 +239,21 @@ def test_no_character_fails_name_filters_and_skips_tag_filters() -> None:
         choice = choose(book, [ChatLine(1, "M", "x")], LoreRules(), fill=str, count=len, limit=99, seed="s",
                         character=character)  # fmt: skip
         assert sorted(d.entry.uid for d in choice.placed) == fired
+
+
+def test_validate_names_a_lore_key_that_is_no_regex(tmp_path: Path) -> None:
+    """A key written `/(z/` does not compile: ctx matches it as plain text, as SillyTavern does,
+    and `validate`, whose job is to name every problem, names it (issue 28)."""
+    from io import BytesIO, StringIO
+
+    from otaku_ctx.cli.app import main
+    from otaku_ctx.cli.terminal import Terminal
+
+    story = tmp_path / "story.jsonl"
+    story.write_text('{"role":"user","content":"hi"}\n{"type":"lore","uid":7,"key":["/(z/"],"content":"x"}\n')
+    err = StringIO()
+    code = main(["validate", str(story)], Terminal(stdin=BytesIO(), stdout=BytesIO(), stderr=err))
+    assert (
+        code == 0
+        and f"{story}:2: warning: lore entry 7: key '/(z/' is not a valid regular expression" in err.getvalue()
+    )

@@ -34,9 +34,7 @@ EXAMPLE = """Example:
   ctx serve --backend http://127.0.0.1:8080/v1
   # SillyTavern, Custom (OpenAI-compatible): http://127.0.0.1:8765/v1
 """
-INSTALL = (
-    "ctx serve needs aiohttp, the serve extra: pip install 'otaku-ctx[serve]' (sh install.sh installs it)"
-)
+INSTALL = "ctx serve needs aiohttp, the serve extra: pip install 'otaku-ctx[serve]' (sh install.sh installs it)"
 
 
 def serve_cmd(

@@ -232,9 +232,15 @@ def _add_world_info(b: StoryBuilder, number: int, obj: dict[str, Any]) -> None:
         return
     uid = fields.get("uid", len(b.world))
     try:
-        b.world.append(entry_from_world_info(b.path, uid, fields, source, number, character))
+        entry = entry_from_world_info(b.path, uid, fields, source, number, character)
     except StoryError as exc:
         b.error(number, exc.message)
+        return
+    b.world.append(entry)
+    for kind, key in entry.problems:  # what validate names, though the build reads on
+        if kind == "regex":
+            why = "is not a valid regular expression; it is matched as plain text, as SillyTavern does"
+            b.problems.append(Problem(number, f"lore entry {uid}: key {key!r} {why}", "warning"))
 
 
 def _add_lore(b: StoryBuilder, number: int, obj: dict[str, Any]) -> None:
