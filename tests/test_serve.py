@@ -563,7 +563,7 @@ def test_serve_without_the_extra_says_how_to_install_it(
     assert main(["serve", "--backend", "http://127.0.0.1:9/v1"]) == 1
     assert capsys.readouterr().err == (
         "ctx: ctx serve needs aiohttp, the serve extra: pip install 'otaku-ctx[serve]'"
-        " (or CTX_EXTRAS=model,serve sh install.sh)\n"
+        " (sh install.sh installs it)\n"
     )
 
 
