@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from .assemble import Assembly, assemble
+from .assemble import Assembly, Walked, assemble
 from .assemble.search import Search
 from .assemble.stable import Stable
 from .config import Settings
@@ -126,9 +126,11 @@ class Pipeline:
         """The `[lore] files` (or `--lore`), read once for every story the pipeline builds."""
         return _lorebooks(self.settings.lore.files)
 
-    def build(self, story: Story) -> Built:
-        """Assemble the story for the configured window and render the prompt (cases 1–6)."""
-        return self.render(self.fit(self.prepare(story)))
+    def build(self, story: Story, resume: Walked | None = None) -> Built:
+        """Assemble the story for the configured window and render the prompt (cases 1–6).
+        `resume`: the stable policy's walk at an earlier turn of this chat (the `walked` of that
+        turn's assembly), to go on from rather than walk the chat from its first message."""
+        return self.render(self.fit(self.prepare(story), resume))
 
     def prepare(self, story: Story) -> Prepared:
         return self.binder.prepare(story)
@@ -144,27 +146,28 @@ class Pipeline:
         reader = Reader(names.speaker, names.fill, names.char, self.shape.head, sure_tail)
         return lore_for_turn(prepared.story, self.books, self.rules, reader, count=self.count, limit=budget.limit)
 
-    def attempt(self, prepared: Prepared, lore: LoreChoice, budget: Budget) -> Attempt:
+    def attempt(self, prepared: Prepared, lore: LoreChoice, budget: Budget, resume: Walked | None = None) -> Attempt:
         """The story assembled around `lore` (cases 1–6)."""
         renderer = prepared.renderer(lore, budget.reserve, self.count)
         pricer = TemplatePricer(renderer, self.count, prices=self.prices)
-        a = assemble(prepared.story, self.shape, budget.limit, pricer, reserve=budget.reserve, policy=self.policy)
+        policy = self.policy if resume is None else replace(self.policy, resume=resume)
+        a = assemble(prepared.story, self.shape, budget.limit, pricer, reserve=budget.reserve, policy=policy)
         return Attempt(prepared, budget, lore, renderer, pricer, a)
 
-    def fit(self, prepared: Prepared) -> Attempt:
+    def fit(self, prepared: Prepared, resume: Walked | None = None) -> Attempt:
         """The story assembled with its lore as part of its fixed frame; when the frame with it
         leaves the story no room, the most entries by priority (`order`) that do: a binary
         search over how many are kept. The refusal with all of them when none leaves room."""
         budget = self.budget(prepared.story)
         lore = self.lore(prepared, budget)
-        first = self.attempt(prepared, lore, budget)
+        first = self.attempt(prepared, lore, budget, resume)
         placed = len(lore.placed)
         if first.assembly.refusal is None or not placed:
             return first
         tried: dict[int, Attempt] = {}
 
         def fits(keep: int) -> bool:
-            tried[keep] = self.attempt(prepared, lore.without(keep), budget)
+            tried[keep] = self.attempt(prepared, lore.without(keep), budget, resume)
             return tried[keep].assembly.refusal is None
 
         return tried[most_that_fits(fits, placed - 1) or 0]
@@ -210,8 +213,6 @@ class Pipeline:
 
     def _most_that_fits(self, story: Story, key: str, now: int) -> int | None:
         """The largest value below `now` of `[context] key` at which the story fits, or None."""
-        from dataclasses import replace
-
         def fits(value: int) -> bool:
             values: dict[str, Any] = {key: value}
             context = replace(self.settings.context, **values)
@@ -309,8 +310,6 @@ def native_text(story: Story) -> str:
     only counts when no card stands before the chat (SillyTavern never reads its header
     back), while a native story's own `char` always counts: written as it was, a header
     name that differs from the card's would become the character."""
-    from dataclasses import replace
-
     from .story.convert import to_native_text
 
     char = resolve_names(story).char.name
@@ -341,8 +340,6 @@ def _controls(renderer: PromptRenderer, assembly: Assembly, count: TokenCounter)
     """The model's control tokens the chosen prompt's blocks spell (before any is broken up)."""
     if not count.specials:
         return ()
-    from dataclasses import replace
-
     from .render.specials import spelled
 
     blocks = replace(renderer, specials=()).blocks(assembly)
@@ -368,8 +365,6 @@ def with_model(settings: Settings) -> Settings:
     their own: the model's tokenizer, its chat template as the format, and its window — with
     `tokenizer = "server"`, the window the server enforces. A part the user set wins: given
     on the command line, or in the config file as something other than its default."""
-    from dataclasses import replace
-
     m = settings.model
     model: dict[str, Any] = {}
     prompt: dict[str, Any] = {}

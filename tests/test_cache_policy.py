@@ -200,3 +200,35 @@ def test_the_walks_first_fit_is_the_first_candidate_that_fits(s: Story, shape: S
         floor = data.draw(st.none() | st.sampled_from(every))
         stop = data.draw(st.none() | st.sampled_from(every))
         assert walk.first_fit(n, bound, floor=floor, stop=stop) == _brute_first_fit(walk, n, bound, floor, stop)
+
+
+def test_going_on_from_the_last_turns_walk_gives_what_walking_from_the_start_gives(long_story: Story) -> None:
+    """A server builds a chat's every turn: the stable policy goes on from the walk of the
+    turn before (`Policy.resume`, the `walked` of its assembly) instead of walking every turn
+    again, and chooses exactly what the whole walk chooses, at every turn of the long fixture
+    (the frame and the limit unchanged between turns, as in a chat without lore)."""
+    from otaku_ctx.build import Pipeline
+
+    settings = load_settings(overrides={"model.window": (40_000, "test"), "context.cache": ("stable", "test")})
+    pipeline = Pipeline(settings, count=COUNTER)
+    walked = None
+    for n in range(150, len(long_story) + 1, 3):
+        at = story_at(long_story, n)
+        whole, resumed = pipeline.build(at), pipeline.build(at, resume=walked)
+        assert (resumed.prompt, resumed.assembly.case) == (whole.prompt, whole.assembly.case), n
+        assert resumed.assembly.walked == whole.assembly.walked and whole.assembly.walked is not None
+        walked = resumed.assembly.walked
+
+
+def test_a_walk_of_a_later_turn_is_not_gone_on_from(long_story: Story) -> None:
+    """A resume that stands at this turn or after it (the chat was edited back, a regenerate)
+    is not used: the walk starts from the first message."""
+    from otaku_ctx.assemble import Walked
+    from otaku_ctx.build import Pipeline
+
+    settings = load_settings(overrides={"model.window": (40_000, "test"), "context.cache": ("stable", "test")})
+    pipeline = Pipeline(settings, count=COUNTER)
+    s = story_at(long_story, 250)
+    whole = pipeline.build(s)
+    bogus = Walked(len(s) + 5, (99, 0), (99, 0), 1, 0)
+    assert pipeline.build(s, resume=bogus).prompt == whole.prompt

@@ -42,7 +42,7 @@ STAGES: dict[str, set[str]] = {
     "replay": FOUNDATION | {"story", "assemble", "config", "hbs", "render", "build", "model"},  # assemble: the bound
     "report": FOUNDATION | {"story", "lore", "assemble", "render", "build", "model"},
     # ctx serve: a chat request -> build -> the backend; summaries through summarize/
-    "serve": FOUNDATION | {"story", "config", "backend", "build", "summarize", "model", "render"},
+    "serve": FOUNDATION | {"story", "assemble", "config", "backend", "build", "summarize", "model", "render"},
     "cli": FOUNDATION
     | {"story", "lore", "assemble", "config", "hbs", "render", "build", "replay", "report", "backend", "summarize"}
     | {"model", "serve", ""},

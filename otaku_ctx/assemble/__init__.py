@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..story.model import Story
-from .parts import CACHES, Assembly, Part, Policy, Pricer, Refusal, SceneRef, Shape
+from .parts import CACHES, Assembly, Part, Policy, Pricer, Refusal, SceneRef, Shape, Walked
 from .search import Search
 from .sections import cards_in, covered_chain, head, recap_at_level, rungs, tail
 from .stable import Stable
@@ -48,6 +48,7 @@ __all__ = [
     "Refusal",
     "SceneRef",
     "Shape",
+    "Walked",
     "assemble",
     "cards_in",
     "classify",
@@ -92,5 +93,5 @@ def assemble(
     Case 6 does not raise: the returned Assembly has `case == 6` and a `refusal`.
     """
     search = Search(story, shape, limit, reserve, pricer)
-    found = Stable(search, policy.slack).assemble() if policy.cache == "stable" else search.ladder()
+    found = Stable(search, policy.slack, policy.resume).assemble() if policy.cache == "stable" else search.ladder()
     return replace(found, case=classify(found, shape))

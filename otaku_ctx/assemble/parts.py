@@ -42,6 +42,24 @@ class Policy:
 
     cache: Cache = "exact"
     slack: float = 0.03
+    # the stable policy's walk as it stood at an earlier turn of this story (`Walked`): it goes on
+    # from there instead of from the first message (a server's chat, turn after turn)
+    resume: Walked | None = None
+
+
+@dataclass(frozen=True)
+class Walked:
+    """Where the stable policy's walk stood after `turn` messages: the shape it held (covered
+    scenes, level; None for none), the last shape it took (what a move may not step back
+    from), the turn it took the held one, and how many changes it went through. The walk at
+    turn n depends on the story's first n messages and scenes and on this alone, so going on
+    from it gives what walking from the first message gives, while those stand unchanged."""
+
+    turn: int
+    state: tuple[int, int] | None
+    floor: tuple[int, int] | None
+    since: int
+    changes: int
 
 
 @dataclass(frozen=True)
@@ -128,6 +146,7 @@ class Assembly:
     refusal: Refusal | None = None
     costs: dict[str, int] = field(default_factory=dict, compare=False)  # tokens by section
     case: int = 0  # 1–6, named by `classify` once the search is over
+    walked: Walked | None = field(default=None, compare=False)  # the stable policy's walk, to go on from
 
     @property
     def parts(self) -> tuple[Part, ...]:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
 
 from ..story.model import Message, Role
-from .parts import Assembly, Part
+from .parts import Assembly, Part, Walked
 from .search import Rung, Search
 from .sections import covered_chain, covered_ends, ends, head, near_miss, refs, rungs, tail
 from .steps import ChainFound, HeadPriced, Held
@@ -56,6 +56,7 @@ class Stable:
 
     search: Search
     slack: float
+    resume: Walked | None = None
 
     def __post_init__(self) -> None:
         story, shape = self.search.story, self.search.shape
@@ -221,12 +222,18 @@ class Stable:
     def slack_tokens(self) -> int:
         return int(self.search.limit * self.slack)
 
-    def walk(self) -> tuple[Candidate | None, int, int]:
-        """The shape held at the last turn, the turn it was chosen, and how many changes of
-        shape the story went through."""
+    def walk(self) -> Walked:
+        """The shape held at the last turn, the last one taken, the turn it was chosen, and how
+        many changes of shape the story went through — from the first message, or on from
+        `resume` when it stands at an earlier turn of this story."""
         limit, state, floor, since, changes = self.search.limit, None, None, 0, 0
         chains: tuple[int, ...] = ()
-        for n in range(1, len(self.search.story) + 1):
+        start, n_all = 1, len(self.search.story)
+        r = self.resume
+        if r is not None and 1 <= r.turn < n_all and all(c[0] <= len(self.run) for c in (r.state, r.floor) if c):
+            state, floor, since, changes, start = r.state, r.floor, r.since, r.changes, r.turn + 1
+            chains = self.chains(r.turn)
+        for n in range(start, n_all + 1):
             chains, before = self.chains(n), chains
             if state is not None and state[0] in chains and self.estimate(state, n) <= limit:  # still held
                 back = self.roomy(n, stop=state) if chains != before else None  # a checkpoint
@@ -240,7 +247,7 @@ class Stable:
                 since = n
             state = chosen
             floor = chosen or floor
-        return state, since, changes
+        return Walked(n_all, state, floor, since, changes)
 
     # ── The last turn: the shape confirmed by the emitted count ──
 
@@ -279,7 +286,8 @@ class Stable:
 
     def assemble(self) -> Assembly:
         search, n = self.search, len(self.search.story)
-        held, since, changes = self.walk()
+        walked = self.walk()
+        held, since, changes = walked.state, walked.since, walked.changes
         opening = head(search.story, search.shape)
         base = self.fixed + self.prefix[len(opening)]
         search.record(HeadPriced(ends(opening), base - self.fixed, self.fixed, search.limit))
@@ -305,6 +313,7 @@ class Stable:
                     room // per_turn if per_turn else 0,
                 )  # fmt: skip
                 chosen = ChainFound(target, refs(rung.chain.scenes), covered_ends(rung.chain), rung.chain.stop)
-                return search.result(found, decided=(chosen, note))
+                # the walk as it stands (not the shape confirmed): going on from it walks as from the start
+                return replace(search.result(found, decided=(chosen, note)), walked=walked)
         search.restart()
         return search.ladder()

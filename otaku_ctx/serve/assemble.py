@@ -12,6 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..assemble import Walked
 from ..build import Built, Pipeline
 from ..config import Settings
 from ..story.model import Story
@@ -67,10 +68,32 @@ def pipeline_for(settings: Settings, count: TokenCounter, window: int, max_token
         return made
 
 
+# Each chat's stable-policy walk at its last turn, so the next turn goes on from it (the real
+# history of the shapes it was sent) instead of walking the chat from its first message.
+_WALKS: OrderedDict[str, Walked] = OrderedDict()
+MOST_CHATS = 1024
+
+
 def assemble_chat(
-    story: Story, settings: Settings, count: TokenCounter, *, window: int, max_tokens: int | None
+    story: Story,
+    settings: Settings,
+    count: TokenCounter,
+    *,
+    window: int,
+    max_tokens: int | None,
+    chat: str | None = None,
 ) -> Assembled:
-    """The chat assembled for the backend's `window` less the reply (cases 1-6), as chat messages."""
-    built = pipeline_for(settings, count, window, max_tokens).build(story)
+    """The chat assembled for the backend's `window` less the reply (cases 1-6), as chat messages;
+    `chat` names it, for its walk to go on from turn to turn."""
+    with _LOCK:
+        resume = _WALKS.get(chat) if chat is not None else None
+    built = pipeline_for(settings, count, window, max_tokens).build(story, resume)
+    walked = built.assembly.walked
+    if chat is not None and walked is not None:
+        with _LOCK:
+            _WALKS[chat] = walked
+            _WALKS.move_to_end(chat)
+            while len(_WALKS) > MOST_CHATS:
+                _WALKS.popitem(last=False)
     messages = json.loads(built.prompt) if built.prompt is not None else None
     return Assembled(built, messages)

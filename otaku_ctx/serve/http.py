@@ -212,7 +212,12 @@ class Service:
 
             def assemble() -> Assembled:
                 return assemble_chat(
-                    self.store.story(chat.key, story), setup.settings, setup.count, window=window, max_tokens=max_tokens
+                    self.store.story(chat.key, story),
+                    setup.settings,
+                    setup.count,
+                    window=window,
+                    max_tokens=max_tokens,
+                    chat=chat.key,
                 )
 
             assembled = await self.blocking(assemble)
