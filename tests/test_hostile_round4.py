@@ -578,3 +578,32 @@ def test_a_later_line_of_a_scene_stands_and_a_torn_last_line_is_left_out(tmp_pat
         encoding="utf-8",
     )
     assert [(r.start, r.summary) for r in read_sidecar(path)] == [(1, "again"), (21, "second")]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"type": "scene", "start": 1, "end": 2, "title": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        '{"type": "scene", "start": 1' + "0" * 5000 + "}",
+    ],
+    ids=["nested 100,000 deep", "a 5,000-digit number"],
+)
+@pytest.mark.parametrize("command", ["build", "inspect", "validate", "replay", "summarize"])
+def test_a_hostile_sidecar_line_is_one_line_naming_it(tmp_path: Path, line: str, command: str) -> None:
+    """Issue 28, #11 and #12: every command that reads the summaries file names its line."""
+    from io import BytesIO, StringIO
+
+    from otaku_ctx.cli.app import main
+    from otaku_ctx.cli.terminal import Terminal
+
+    story = tmp_path / "chat.jsonl"
+    story.write_text(
+        "".join(f'{{"role": "{"user" if i % 2 else "assistant"}", "content": "line {i}"}}\n' for i in range(1, 9))
+    )
+    sidecar = tmp_path / "chat.jsonl.ctx-summaries"
+    sidecar.write_text(line + "\n")
+    more = ["--url", "http://127.0.0.1:9/v1", "--model", "m", "--dry-run"] if command == "summarize" else []
+    err = StringIO()
+    code = main([command, str(story), *more], Terminal(stdin=BytesIO(), stdout=BytesIO(), stderr=err))
+    said = err.getvalue()
+    assert code == 1 and f"{sidecar}:1: is not JSON ctx can read" in said and said.count("\n") == 1, said

@@ -30,6 +30,7 @@ from typing import Any
 
 from ..errors import StoryError
 from ..files import read_input, utf8_text
+from .jsonload import JSONProblem, loads
 from .model import Message, Scene, Story
 
 SUFFIX = ".ctx-summaries"
@@ -144,12 +145,12 @@ def read_sidecar(path: Path) -> list[Record]:
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
+            obj = loads(raw)  # guarded: nesting past a thousand levels, a 5,000-digit number
+        except JSONProblem as exc:
             if number == len(lines) and not text.endswith("\n"):
                 break  # an append cut short
             fix = "mend the line, or delete the file for ctx summarize to write again"
-            raise StoryError(path, number, f"is not JSON ({exc.msg}); {fix}") from None
+            raise StoryError(path, number, f"is not JSON ctx can read ({exc.message}); {fix}") from None
         except RecursionError:
             raise StoryError(path, number, "nests too deep to read; mend the line") from None
         record = _record(path, number, obj)
