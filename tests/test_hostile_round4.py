@@ -82,11 +82,13 @@ URL_SOURCES: dict[str, Callable[[str, Path], list[str]]] = {
 @pytest.mark.parametrize("source", URL_SOURCES)
 @pytest.mark.parametrize("hostile", BAD_URLS)
 def test_a_server_url_no_request_can_be_sent_to(source: str, hostile: str, tmp_path: Path) -> None:
-    """One line naming the URL and what is wrong with it, before any request: never the
-    ValueError or UnicodeError that `urlsplit`, its `port` and IDNA raise."""
+    """One line naming the URL and what is wrong with it, before any request, a usage error
+    (exit 2) named by its setting: never the ValueError or UnicodeError that `urlsplit`, its
+    `port` and IDNA raise."""
     url, problem = BAD_URLS[hostile]
     code, out, err = ctx(*URL_SOURCES[source](url, tmp_path))
-    assert (code, out) == (ExitStatus.ERROR, "")
+    assert (code, out) == (ExitStatus.USAGE, "")
+    assert one_line(err).startswith(("ctx: --url: summarize.url: ", "ctx: --server: model.server: "))
     assert f": not a server's base URL ({problem}" in one_line(err)
     assert err.endswith("): give one like http://127.0.0.1:8080/v1\n") and len(err) < 400
 
@@ -96,7 +98,7 @@ def test_a_password_in_a_server_url_is_never_shown(source: str, tmp_path: Path) 
     """Neither in the URL's own error nor in a failure to reach it."""
     bad = "http://ilya:hunter2@127.0.0.1:99999/v1"
     code, _, err = ctx(*URL_SOURCES[source](bad, tmp_path))
-    assert code == ExitStatus.ERROR and one_line(err).startswith("ctx: http://127.0.0.1:99999/v1: not a server's")
+    assert code == ExitStatus.USAGE and ": http://127.0.0.1:99999/v1: not a server's" in one_line(err)
     assert "hunter2" not in err and "ilya" not in err
 
 

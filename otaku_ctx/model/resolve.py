@@ -209,6 +209,10 @@ def server_window(server: str, model: str = "") -> int | None:
 def backend(server: str, model: str) -> Backend:
     """One `Backend` a server and model in a run: the window and the counter ask the same one,
     so the server is found out once."""
-    from ..backend import Backend
+    from ..backend import Backend, BadURL
+    from ..errors import UsageError
 
-    return Backend(server, model)
+    try:
+        return Backend(server, model)
+    except BadURL as exc:  # a URL no request can be sent to is a usage error, named by the setting
+        raise UsageError("--server", "model.server", str(exc)) from None

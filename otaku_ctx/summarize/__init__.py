@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..backend import Backend
+from ..backend import Backend, BadURL
 from ..config import SummarizeSettings
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageError
 from ..story.model import Story
 from ..story.sidecar import Record
 from ..tokens import TokenCounter
@@ -64,9 +64,12 @@ def backend_of(s: SummarizeSettings) -> Backend:
         raise ConfigError("summarize.url", None, "no model server named; pass --url (e.g. http://127.0.0.1:8080/v1)")
     if not s.model:
         raise ConfigError("summarize.model", None, "no model named; pass --model (the server's name for it)")
-    return Backend(
-        s.url, s.model, api_key_env=s.api_key_env or None, timeout=s.timeout, connect_timeout=s.connect_timeout
-    )
+    try:
+        return Backend(
+            s.url, s.model, api_key_env=s.api_key_env or None, timeout=s.timeout, connect_timeout=s.connect_timeout
+        )
+    except BadURL as exc:  # a URL no request can be sent to is a usage error, named by the setting
+        raise UsageError("--url", "summarize.url", str(exc)) from None
 
 
 def plan_for(
