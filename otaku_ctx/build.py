@@ -111,8 +111,8 @@ class Pipeline:
         self.settings, self.emit = settings, emit
         self.count = count or counter_for(settings)
         self.shape, self.policy, self.rules = c.shape(), c.policy(), settings.lore.rules()
-        # the parts' derived prices, kept from one build to the next (keyed by all they depend on,
-        # so a pipeline of other settings may share them)
+        # the parts' derived prices, kept from one build to the next (keyed by all they depend on
+        # but the counter, so a pipeline of other settings and the same counter may share them)
         self.prices = prices or Prices()
 
     @cached_property

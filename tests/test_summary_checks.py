@@ -126,3 +126,15 @@ def test_the_eta_halfway_is_within_30_percent_of_the_time_left(monkeypatch: pyte
     halfway = next(s for s in seen if s[2] * 2 >= s[3] and s[1] is not None)
     left = now[0] - halfway[0]
     assert halfway[1] is not None and abs(halfway[1] - left) <= 0.3 * left, (halfway, left)
+
+
+def test_a_scene_written_without_spaces_is_judged_by_its_names_alone() -> None:
+    """Japanese has no spaces between words: the share of the scene's words cannot be counted,
+    so a summary naming the scene's people is written; one naming no one is still turned down."""
+    from otaku_ctx.summarize.checks import Scene
+
+    scene = Scene.of(
+        "[1] 真理: 灯台の階段を上って、日誌を開いた。\n[2] 守人: イリヤはあの夜、船を出した。", ["真理", "守人"], ""
+    )
+    assert rejected("summary", "真理は灯台で日誌を読み、守人はイリヤの話をした。", scene) is None
+    assert rejected("summary", "美しい物語が始まる。", scene) is not None

@@ -43,6 +43,8 @@ ECHO_PHRASE = 5  # words in a phrase looked for in the prompt
 ECHO_SHARE = 1 / 3  # this share of a text's phrases found in the prompt is an echo
 SCENE_WORD_SHARE = 0.2  # at least this share of the content words must occur in the scene
 SHORT = 12  # a text of fewer words than this is judged by its words, not its phrases
+# Scripts written without spaces between words: kana, CJK ideographs, Thai, Lao, Khmer, Myanmar.
+UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff]")
 
 
 @dataclass(frozen=True)
@@ -112,8 +114,16 @@ def echoing(text: str, instructions: str) -> str | None:
 def off_scene(text: str, scene: Scene, also: str = "") -> str | None:
     """Why `text` is not about the scene (`also`: other text it may draw on), or None."""
     found = words(text)
-    if scene.names and not any(w in scene.names for w in found):
+    # a language written without spaces (Japanese, Chinese): words cannot be told apart, so a
+    # name is looked for in the text, and the share of the scene's words is not counted
+    letters = sum(c.isalpha() for c in scene.text)
+    unspaced = letters > 0 and len(UNSPACED.findall(scene.text)) > letters / 3
+    lower = text.lower()
+    named = any(n in lower for n in scene.names) if unspaced else any(w in scene.names for w in found)
+    if scene.names and not named:
         return "it names no one of the scene"
+    if unspaced:
+        return None
     content = [w for w in found if w not in STOPWORDS and not w.isdigit() and len(w) > 2]
     if not content:
         return "it holds no word of the scene"
