@@ -17,12 +17,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+from loopback import JSONHandler
 
 from otaku_ctx.config import ContextSettings, ServeSettings, Settings, SummarizeSettings
 from otaku_ctx.serve.chats import HEADER, ChatError, chat_story, identify
@@ -64,20 +65,9 @@ def reply_text(body: dict[str, Any]) -> str:
     return f"reply to {len(body['messages'])} messages"
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JSONHandler):
     server: StandIn
     protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def _send(self, status: int, data: object) -> None:
-        body = json.dumps(data).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self) -> None:
         if self.path == "/props":
@@ -562,8 +552,7 @@ def test_serve_without_the_extra_says_how_to_install_it(
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "aiohttp" else real(name, *a))
     assert main(["serve", "--backend", "http://127.0.0.1:9/v1"]) == 1
     assert capsys.readouterr().err == (
-        "ctx: ctx serve needs aiohttp, the serve extra: pip install 'otaku-ctx[serve]'"
-        " (sh install.sh installs it)\n"
+        "ctx: ctx serve needs aiohttp, the serve extra: pip install 'otaku-ctx[serve]' (sh install.sh installs it)\n"
     )
 
 

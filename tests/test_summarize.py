@@ -15,11 +15,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from loopback import JSONHandler
 
 from otaku_ctx.cli.app import main
 from otaku_ctx.cli.terminal import Terminal
@@ -62,25 +63,11 @@ class StandIn(ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}/v1"
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JSONHandler):
     server: StandIn
 
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def _send(self, status: int, data: object) -> None:
-        body = json.dumps(data).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
     def do_GET(self) -> None:
-        if self.path == "/props":
-            self._send(200, {"default_generation_settings": {"n_ctx": self.server.window}})
-        else:
-            self._send(404, {"error": {"message": "no such endpoint"}})
+        self._props(self.server.window)
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
