@@ -27,9 +27,9 @@ In-process and idle, a turn of the same chat was 0.27 s; by cProfile, the stable
 55 % of it (it walked every turn of the chat), the request read into a Story 12 %, the
 sidecar's staleness check 10 %. Since the policy goes on from each chat's last walk (one
 pipeline per window, `Policy.resume`), 20 turns on the same loaded machine: median 159 ms,
-p90 223 ms of ctx's own time per turn (cached share unchanged: 99.3 %, drop-oldest 0.5 %). A frontend that drops the oldest
-messages rewrites the prompt right after its frame on every turn the window is full, so the
-backend reprocesses nearly all of it; with ctx in front the backend reprocesses the new
+p90 223 ms of ctx's own time per turn (cached share unchanged: 99.3 %, drop-oldest 0.5 %).
+A frontend that drops the oldest messages rewrites the prompt right after its frame on every
+turn the window is full, so the backend reprocesses nearly all of it; with ctx in front the backend reprocesses the new
 messages only, but at the turns where the shape changes.
 
 Benchmarks report figures; no test asserts a time.

@@ -213,6 +213,7 @@ class Pipeline:
 
     def _most_that_fits(self, story: Story, key: str, now: int) -> int | None:
         """The largest value below `now` of `[context] key` at which the story fits, or None."""
+
         def fits(value: int) -> bool:
             values: dict[str, Any] = {key: value}
             context = replace(self.settings.context, **values)
