@@ -232,3 +232,23 @@ def test_a_walk_of_a_later_turn_is_not_gone_on_from(long_story: Story) -> None:
     whole = pipeline.build(s)
     bogus = Walked(len(s) + 5, (99, 0), (99, 0), 1, 0)
     assert pipeline.build(s, resume=bogus).prompt == whole.prompt
+
+
+def test_a_walk_kept_from_before_a_summary_changed_is_walked_again(long_story: Story) -> None:
+    """A chat whose summaries changed since its last turn (the background summarizer wrote or
+    redid one): the walk kept from that turn read other prices, so the policy walks again from
+    the first message, and chooses what it would have chosen with no walk kept."""
+    from dataclasses import replace
+
+    from otaku_ctx.build import Pipeline
+
+    settings = load_settings(overrides={"model.window": (40_000, "test"), "context.cache": ("stable", "test")})
+    pipeline = Pipeline(settings, count=COUNTER)
+    before = story_at(long_story, 240)
+    walked = pipeline.build(before).assembly.walked
+    scenes = list(long_story.scenes)
+    scenes[1] = replace(scenes[1], summary=scenes[1].summary + " And then a great deal more happened. " * 40)
+    changed = story_at(replace(long_story, scenes=tuple(scenes)), 243)
+    whole, resumed = pipeline.build(changed), pipeline.build(changed, resume=walked)
+    assert walked is not None and resumed.prompt == whole.prompt
+    assert resumed.assembly.walked == whole.assembly.walked

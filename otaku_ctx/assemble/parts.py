@@ -52,14 +52,16 @@ class Walked:
     """Where the stable policy's walk stood after `turn` messages: the shape it held (covered
     scenes, level; None for none), the last shape it took (what a move may not step back
     from), the turn it took the held one, and how many changes it went through. The walk at
-    turn n depends on the story's first n messages and scenes and on this alone, so going on
-    from it gives what walking from the first message gives, while those stand unchanged."""
+    turn n depends on the prices of the story's first n messages and of its scenes closed by
+    then, and on this alone: going on from it (while its `fingerprint` says those are the
+    same) gives what walking from the first message gives."""
 
     turn: int
     state: tuple[int, int] | None
     floor: tuple[int, int] | None
     since: int
     changes: int
+    fingerprint: int = 0  # what the walk read up to `turn`, hashed (`Stable.fingerprint`)
 
 
 @dataclass(frozen=True)

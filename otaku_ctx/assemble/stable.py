@@ -230,7 +230,7 @@ class Stable:
         chains: tuple[int, ...] = ()
         start, n_all = 1, len(self.search.story)
         r = self.resume
-        if r is not None and 1 <= r.turn < n_all and all(c[0] <= len(self.run) for c in (r.state, r.floor) if c):
+        if r is not None and 1 <= r.turn < n_all and r.fingerprint == self.fingerprint(r.turn):
             state, floor, since, changes, start = r.state, r.floor, r.since, r.changes, r.turn + 1
             chains = self.chains(r.turn)
         for n in range(start, n_all + 1):
@@ -247,7 +247,21 @@ class Stable:
                 since = n
             state = chosen
             floor = chosen or floor
-        return Walked(n_all, state, floor, since, changes)
+        return Walked(n_all, state, floor, since, changes, self.fingerprint(n_all))
+
+    def fingerprint(self, turn: int) -> int:
+        """Everything the walk up to `turn` reads — the limit, the slack, the frame's prices, each
+        message's price, and the scenes closed by then with their prices — hashed: a walk kept
+        from an earlier build is gone on from only while it is the same, so going on from it
+        is walking from the first message (an edit, a summary written since, another reply
+        reserve or lore: walked again)."""
+        k = bisect_right(self.ends, turn)
+        histories = tuple((j, self.histories[j]) for j in range(1, k + 1) if j in self.histories)
+        return hash((
+            self.search.limit, self.slack, self.fixed, self.opening, self.head_role, self.search.shape,
+            tuple(self.prefix[: turn + 1]), tuple(self.ends[:k]), tuple(self.summaries[: k + 1]),
+            tuple(self.card_costs[: k + 1]), tuple(self.lengths[: k + 1]), histories,
+        ))  # fmt: skip
 
     # ── The last turn: the shape confirmed by the emitted count ──
 
