@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_backend
 from conftest import CASE3
 from test_backend import StandIn, raw, reply
 
@@ -102,22 +103,12 @@ def test_a_password_in_a_server_url_is_never_shown(source: str, tmp_path: Path) 
     assert "hunter2" not in err and "ilya" not in err
 
 
+server = test_backend.server  # the backend tests' stand-in, as a fixture here too
+
 # -- #9: the server's own words hold terminal escapes ----------------------------------------
 
 STEERING = "\x1b]0;pwned\x07\x1b[2J\x9b31m\u202e"
 STEERS = set("\x1b\x07\x9b\u202e")
-
-
-@pytest.fixture
-def server() -> Iterator[StandIn]:
-    stand_in = StandIn()
-    thread = threading.Thread(target=stand_in.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield stand_in
-    stand_in.released.set()
-    stand_in.shutdown()
-    stand_in.server_close()
-    thread.join(5)
 
 
 def test_a_server_error_holding_escapes_is_shown_not_obeyed(server: StandIn) -> None:
