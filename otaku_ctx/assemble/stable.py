@@ -212,11 +212,31 @@ class Stable:
     def choose(self, n: int, floor: Candidate | None) -> Candidate | None:
         """Where the shape moves when it must: the first candidate that does not step back and
         leaves the margin free (the shape that will last); else the first that leaves the
-        margin free; else the first that fits without stepping back; else, as a last resort,
-        the first that fits at all."""
+        margin free; else, in the first chain that fits without stepping back, its roomiest
+        level; else, as a last resort, the first that fits at all."""
         limit, margin = self.search.limit, self.margin(n)
         kept = self.first_fit(n, limit - margin, floor=floor) if floor is not None else None
-        return kept or self.roomy(n) or self.first_fit(n, limit, floor=floor) or self.first_fit(n, limit)
+        return kept or self.roomy(n) or self.roomiest(n, floor) or self.first_fit(n, limit)
+
+    def roomiest(self, n: int, floor: Candidate | None) -> Candidate | None:
+        """When no shape leaves the margin free (the chain cannot grow: the scenes after it have
+        no summaries yet): the first chain, from the longest tail, that fits at some level
+        without stepping back, at the level of it that leaves the most room (the lowest of
+        equals). The pressure goes into the story-so-far, not the recent messages, and as far
+        as it can in one move: the first level that fits would be outgrown by the next turn's
+        messages, one level a turn, each move rewriting all after the head."""
+        low = floor[1] if floor is not None else 0
+        for m in self.chains(n):
+            if floor is not None and m < floor[0]:
+                continue
+            plain = self.estimate((m, 0), n)
+            levels = [k for k in range(max(low, 1), m + 1) if k in self.histories]
+            best = min(levels, key=lambda k: (self.level_cost[k], k), default=None)
+            if low == 0 and (best is None or self.level_cost[best] >= 0):
+                best = 0
+            if best is not None and plain + (self.level_cost[best] if best else 0) <= self.search.limit:
+                return (m, best)
+        return None
 
     @property
     def slack_tokens(self) -> int:
