@@ -1,19 +1,59 @@
 """Shared fixtures: never read the real ~/.otaku; every fixture file lives in tests/fixtures;
-example paths; the Hypothesis profiles."""
+example paths; the Hypothesis profiles; the split between the README's quick suite and the
+deep sweeps (`deep`, `sweep`)."""
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-# Hypothesis: a quick default for the README's test command, a thorough profile for CI
-# (CI=true), or any profile by name with HYPOTHESIS_PROFILE.
-settings.register_profile("default", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Hypothesis: a quick default for the README's test command (a minute on two cores), a
+# thorough profile for CI's deep step (.ci/run: HYPOTHESIS_PROFILE=ci pytest -m "deep or
+# hypothesis"), or any profile by name with HYPOTHESIS_PROFILE.
+QUICK_EXAMPLES = 10
+settings.register_profile(
+    "default", max_examples=QUICK_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.register_profile("ci", max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "default"))
+
+
+def examples(thorough: int) -> int:
+    """A test's own number of Hypothesis examples, for a test whose examples are dear: all of
+    them at any profile but the quick default, a quarter (at least two) at that."""
+    return max(2, thorough // 4) if settings.default.max_examples == QUICK_EXAMPLES else thorough
+
+
+#: A sweep too slow for the README's one-minute suite: `pytest -m deep` runs it, and .ci/run does
+#: on every submission. The quick suite keeps a representative of each (`deep_but`, `sweep`).
+deep = pytest.mark.deep
+
+
+def deep_but(values: Iterable[Any], *quick: Any) -> list[Any]:
+    """Parametrize values: the `quick` ones in the README's suite, the rest `deep`."""
+    return [v if v in quick else pytest.param(v, marks=deep) for v in values]
+
+
+def sweep(*axes: Sequence[Any]) -> list[Any]:
+    """Every combination of the axes, as parametrize values: one diagonal of them (each value of
+    each axis at least once) in the README's suite, the rest `deep`."""
+    width = max(len(axis) for axis in axes)
+    diagonal = {tuple(axis[i % len(axis)] for axis in axes) for i in range(width)}
+    return [
+        pytest.param(*combo, marks=() if combo in diagonal else deep, id="-".join(_id(v) for v in combo))
+        for combo in itertools.product(*axes)
+    ]
+
+
+def _id(value: Any) -> str:
+    return value.stem if isinstance(value, Path) else str(value)
+
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -40,6 +80,12 @@ def otaku_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="Rewrite tests/golden/ from the current output.")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`--update-golden` rewrites every golden file, the deep sweep's too."""
+    if config.getoption("--update-golden") and config.option.markexpr == "not deep":
+        config.option.markexpr = ""
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from dataclasses import replace
 from functools import cache
 
 import pytest
-from conftest import CASE3, FIXTURES, run
+from conftest import CASE3, FIXTURES, examples, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_cache_policy import COUNTER, assert_candidate
@@ -68,7 +68,8 @@ def tour_replays() -> dict[str, Replay]:
 # ── The bound against the policies ──
 
 
-@settings(max_examples=5)
+@pytest.mark.deep
+@settings(max_examples=examples(5))
 @given(chained_stories(), shapes, st.floats(0.1, 0.9), st.integers(1, 3), st.sampled_from(["estimate", "cl100k_base"]))
 def test_the_bound_is_never_worse_than_either_policy(
     s: Story, shape: Shape, fraction: float, every: int, tokenizer: str
@@ -89,7 +90,8 @@ def test_the_bound_is_never_worse_than_either_policy(
     assert ratio is None or ratio >= 1.0
 
 
-@settings(max_examples=8)
+@pytest.mark.deep
+@settings(max_examples=examples(8))
 @given(chained_stories(), shapes, st.floats(0.05, 1.2), st.sampled_from([Policy(), Policy("stable")]))
 def test_every_policys_prompt_is_among_the_candidates_the_bound_weighs(
     s: Story, shape: Shape, fraction: float, policy: Policy
@@ -137,7 +139,7 @@ def _brute(layers: list[list[str]]) -> int:
 prompts = st.lists(st.text("ab", min_size=1, max_size=8), min_size=1, max_size=4)
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(st.lists(prompts, min_size=1, max_size=5))
 def test_the_bound_is_the_shortest_path(layers: list[list[str]]) -> None:
     """Its choices reprocess what the cheapest of all sequences of choices does, and its
@@ -157,7 +159,7 @@ def test_a_refused_turn_breaks_the_path() -> None:
     assert [t.reprocessed for t in turns[1:]] == [0, 4]
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(st.lists(st.text("xy", max_size=6), min_size=1, max_size=6), st.lists(st.text("xy", max_size=6), max_size=6))
 def test_the_common_prefixes_of_a_turn_are_the_pairs(befores: list[str], wholes: list[str]) -> None:
     common = Bound.commons(befores, wholes)  # type: ignore[arg-type]
@@ -167,6 +169,7 @@ def test_the_common_prefixes_of_a_turn_are_the_pairs(befores: list[str], wholes:
 # ── The issue's targets, on otaku's own sample ──
 
 
+@pytest.mark.deep
 def test_stable_comes_within_1_5x_of_the_bound_on_the_tour() -> None:
     """Issue 19: on the tour at 40k, every 2 turns from where the window fills, `stable`
     reprocesses at most 1.5x the bound's tokens and keeps the prefix in ≥ 80% of turns. Over

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, run
+from conftest import FIXTURES, examples, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_properties import chained_stories, shapes
@@ -237,7 +237,7 @@ def test_instruct_format_wraps_the_turns() -> None:
     st.sampled_from(PRESETS),
     st.sampled_from(["chat", "chatml", "raw", str(PLAIN)]),
 )
-@settings(max_examples=15)
+@settings(max_examples=examples(15))
 def test_budget_invariants_hold_for_presets(
     s: object, shape: object, fraction: float, reserve: int, emit: str, name: str, fmt: str
 ) -> None:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -198,7 +198,7 @@ def stories(draw: st.DrawFn) -> Story:
     return Story(Path("random"), tuple(messages), tuple(scenes), system=draw(texts), info=info)
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(story=stories())
 def test_any_native_story_round_trips(story: Story, tmp_path: Path) -> None:
     assert comparable(round_trip(story, tmp_path)) == comparable(story)

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import deep_but
 
 from otaku_ctx.build import build, native_text, open_story
 from otaku_ctx.config import load_settings
@@ -53,7 +54,7 @@ def converted(story: Story, tmp_path: Path) -> Story:
     return open_story(path)
 
 
-@pytest.mark.parametrize("chat", CHATS)
+@pytest.mark.parametrize("chat", deep_but(CHATS, *(c for c in CHATS if c != "otaku")))  # otaku's tour: 20 s
 @pytest.mark.parametrize("persona", [None, "Ash"])
 def test_a_converted_chat_builds_the_same_prompts(chat: str, persona: str | None, tmp_path: Path) -> None:
     make, cards = CHATS[chat]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, REPO
+from conftest import EXAMPLES, REPO, sweep
 
 from otaku_ctx.build import build, open_story
 from otaku_ctx.config import load_settings
@@ -21,8 +21,7 @@ TEMPLATES = sorted(p.stem for p in (REPO / "configs" / "templates").glob("*.hbs"
 FORMATS = sorted(p.stem for p in (REPO / "configs" / "formats").glob("*.toml"))
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
-@pytest.mark.parametrize("template", TEMPLATES)
+@pytest.mark.parametrize(("template", "example"), sweep(TEMPLATES, EXAMPLES))
 def test_golden_prompts(example: Path, template: str, request: pytest.FixtureRequest) -> None:
     story = open_story(example)
     update = request.config.getoption("--update-golden")

@@ -70,6 +70,7 @@ def test_the_bound_stops_growing_with_the_window_but_always_holds_the_longest_te
     assert bound_for_window(10**9, longest=10**8) == 8 * 10**8
 
 
+@pytest.mark.deep
 def test_a_runaway_template_stops_at_the_ceiling_whatever_the_window(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

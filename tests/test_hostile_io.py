@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CASE3, REPO
+from conftest import CASE3, REPO, examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -485,7 +485,7 @@ def test_sizes_read_back(n: int) -> None:
     assert parse_size(size_text(n).replace(",", "").replace(" bytes", "")) == n
 
 
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=25)
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=examples(25))
 @given(size=st.integers(min_value=0, max_value=3 * KiB), bound=st.integers(min_value=1, max_value=3 * KiB))
 def test_a_read_is_whole_within_the_bound_and_refused_past_it(tmp_path: Path, size: int, bound: int) -> None:
     path = tmp_path / "lore.json"
@@ -503,7 +503,8 @@ NAMINGS = st.lists(
 )
 
 
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=30, deadline=None)
+@pytest.mark.deep
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=examples(30), deadline=None)
 @given(namings=NAMINGS, which=st.sampled_from(["story", "config", "template", "lore"]))
 def test_o_never_writes_onto_an_input_however_it_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, namings: list[str], which: str

@@ -374,6 +374,7 @@ def summarize_chat(tmp_path: Path, summarizer: Any, n: int = 120, *more: str | P
 # -- #4: a reply far past max_tokens ---------------------------------------------------------
 
 
+@pytest.mark.deep
 def test_a_reply_far_past_max_tokens_is_taken_only_as_far_as_asked(tmp_path: Path, summarizer: Any) -> None:
     """Each reply holds a title, a summary and a history of 1 MiB each (a server that ignores
     `max_tokens`): the sidecar takes a summary of at most `summary_words` × 12 characters, a

@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, REPO
+from conftest import FIXTURES, REPO, examples
 from conftest import run as ctx
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -402,7 +402,7 @@ for _name, _entry in json.loads((FIXTURES / "jinja" / "templates.json").read_tex
     st.sampled_from(["text", "openai-completion"]),
     st.sampled_from(["chatml", "llama3.1", "mistral", "mistral-v7-tekken", "gemma-3", "gemma-2"]),
 )
-@settings(max_examples=15)  # about 0.2 s an example, and the fast suite has a minute
+@settings(max_examples=examples(15))  # about 0.2 s an example
 def test_invariants_with_a_models_template(
     s: Story, shape: Shape, fraction: float, reserve: int, emit: str, template: str
 ) -> None:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, sweep
 
 from otaku_ctx.build import build, open_story
 from otaku_ctx.config import load_settings
@@ -100,8 +100,7 @@ def test_every_template_renders_most_chats() -> None:
         assert rendered >= (0 if template == "gemma-2" else 4), template
 
 
-@pytest.mark.parametrize("template", sorted(TEMPLATES))
-@pytest.mark.parametrize("chat", CHATS, ids=lambda p: p.stem)
+@pytest.mark.parametrize(("chat", "template"), sweep(CHATS, sorted(TEMPLATES)))
 def test_ctx_build_with_the_template_is_transformers_render(tmp_path: Path, chat: Path, template: str) -> None:
     """`ctx build --format tokenizer_config.json` on the story the chat came from is the
     template's rendering of that chat with the open turn continued — or, where the template

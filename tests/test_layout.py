@@ -116,6 +116,7 @@ def test_the_core_knows_no_terminal(module: str) -> None:
     assert not ui, f"{module} imports {ui}: only otaku_ctx.cli may"
 
 
+@pytest.mark.deep
 def test_every_module_imports_on_its_own() -> None:
     """Each module in a fresh interpreter of its own, so no module works only because another
     was imported first (the cycle `import otaku_ctx.cli_template` once fell into)."""

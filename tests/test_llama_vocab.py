@@ -119,6 +119,7 @@ def test_a_piece_merged_word_by_word_is_the_piece_merged_whole(spm) -> None:  # 
         assert spm._piece(piece) == spm._merged(piece), text
 
 
+@pytest.mark.deep
 def test_the_context_of_a_text_counts_what_follows_as_the_whole_text_does(spm) -> None:  # type: ignore[no-untyped-def]
     """count(text + after) - count(text) == count(end + after) - count(end), end = context(text),
     over joined random texts and followers of every kind (special tokens whole and in part,

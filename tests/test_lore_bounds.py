@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FIXTURES, run
+from conftest import FIXTURES, examples, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -79,7 +79,8 @@ def decided(scan: Scan) -> dict[int | str, tuple[Any, ...]]:
     return {d.entry.uid: (d.fired, d.reason, d.key, d.message, d.by, d.tokens) for d in scan.decisions.values()}
 
 
-@settings(max_examples=300, deadline=None)
+@pytest.mark.deep
+@settings(max_examples=examples(300), deadline=None)
 @given(entries=entries_strategy(), rules=RULES, texts=CHAT, sticky=st.booleans())
 def test_the_indexed_scan_decides_what_the_plain_loop_decides(
     entries: list[LoreEntry], rules: LoreRules, texts: list[str], sticky: bool

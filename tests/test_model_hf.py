@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import deep_but
 from gguf_files import F32, I32, array, byte_alphabet, tiny_bpe, write_gguf
 
 from otaku_ctx.errors import ConfigError
@@ -51,6 +52,7 @@ def _golden() -> list[tuple[str, int]]:
         return [(r["text"], r["count"]) for r in map(json.loads, f)]
 
 
+@pytest.mark.deep
 def test_smollm2_counts_as_llama_cpp_counts(smollm2_gguf: Path) -> None:
     """Every text llama.cpp counted (the fixtures' messages, thousands of random texts with
     emoji, CJK, Arabic, marks, digits, odd spaces, control tokens and look-alikes) counts the
@@ -275,7 +277,9 @@ def test_the_byte_alphabet_is_gpt2_s() -> None:
 # -- the pricer's context ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pre", ["smollm", "llama-bpe", "qwen2", "qwen35", "gpt-2", "tekken", "gpt-4o"])
+@pytest.mark.parametrize(
+    "pre", deep_but(["smollm", "llama-bpe", "qwen2", "qwen35", "gpt-2", "tekken", "gpt-4o"], "smollm", "qwen2")
+)
 def test_the_context_of_a_text_counts_what_follows_as_the_whole_text_does(smollm2_gguf: Path, pre: str) -> None:
     """count(text + after) - count(text) == count(end + after) - count(end), end = context(text),
     over joined random texts and followers of every kind (a special token, a part of one, words,

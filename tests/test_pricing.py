@@ -5,7 +5,7 @@ depends on more than the text gets rendered prices."""
 from __future__ import annotations
 
 import pytest
-from conftest import CASE4, REPO
+from conftest import CASE4, REPO, sweep
 
 from otaku_ctx.assemble import Part
 from otaku_ctx.build import open_story, renderer_for
@@ -25,8 +25,7 @@ def _pricers(template: str, fmt: str, emit: str) -> tuple[TemplatePricer, Templa
     return TemplatePricer(renderer, count), TemplatePricer(renderer, count, derive=False)
 
 
-@pytest.mark.parametrize("template", TEMPLATES)
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize(("template", "fmt"), sweep(TEMPLATES, FORMATS))
 def test_derived_prices_are_rendered_prices(template: str, fmt: str) -> None:
     story = open_story(CASE4)
     messages = [m for m in story.messages if not m.is_card][:12] + [m for m in story.messages if m.is_card][:1]

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import CASE3, CASE4, FIXTURES, REPO, run
+from conftest import CASE3, CASE4, FIXTURES, REPO, run, sweep
 from stories import story, to_records, write_jsonl
 
 from otaku_ctx.build import build, open_story, renderer_for
@@ -180,8 +180,10 @@ def test_a_2000_token_preamble_is_counted_in_the_fit(tmp_path, capsys):
     )
 
 
-@pytest.mark.parametrize("fmt", ["chat", "chatml", "llama3", "mistral", "alpaca", "vicuna", "gemma", "raw"])
-@pytest.mark.parametrize("emit", ["text", "messages"])
+@pytest.mark.parametrize(
+    ("fmt", "emit"),
+    sweep(["chat", "chatml", "llama3", "mistral", "alpaca", "vicuna", "gemma", "raw"], ["text", "messages"]),
+)
 def test_every_format_fits_to_the_token(capsys, fmt, emit):
     data = json.loads(run(capsys, "inspect", CASE4, "--format", fmt, "--emit", emit, "--json")[1])
     assert data["tokens"] <= data["limit"]
