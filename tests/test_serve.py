@@ -597,7 +597,7 @@ def test_the_help_ends_with_an_example(capsys: pytest.CaptureFixture[str]) -> No
 
     assert main(["serve", "--help"]) == 0
     shown = capsys.readouterr().out
-    assert shown.rstrip().endswith("Custom (OpenAI-compatible): http://127.0.0.1:8765/v1")
+    assert shown.rstrip().endswith("SillyTavern: Chat Completion, Custom, URL http://127.0.0.1:8765/v1")
     assert "ctx serve --backend http://127.0.0.1:8080/v1" in shown.split("Options:")[1]
 
 

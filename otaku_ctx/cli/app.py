@@ -20,9 +20,9 @@ import typer
 from .. import __version__
 from ..status import ExitStatus
 from .config import config_app
+from .examples import EXAMPLES
 from .replay import replay_cmd
-from .scenes import SCENES_EXAMPLE, scenes_cmd
-from .serve import EXAMPLE as SERVE_EXAMPLE
+from .scenes import scenes_cmd
 from .serve import serve_cmd
 from .story import build_cmd, convert_cmd, inspect_cmd, validate_cmd
 from .summarize import summarize_cmd
@@ -36,16 +36,17 @@ app = typer.Typer(
     context_settings={"max_content_width": 80},
     help="Build the prompt for a long roleplay story that fits the model's window.",
 )
-app.command("build", short_help="Print the prompt for STORY.")(build_cmd)
-app.command("inspect")(inspect_cmd)
-app.command("validate", short_help="Report every problem of STORY at once.")(validate_cmd)
-app.command("convert")(convert_cmd)
-app.command("replay", short_help="Replay STORY turn by turn and measure prompt-cache reuse.")(replay_cmd)
-app.command("summarize", short_help="Summarize STORY's scenes with your own model.")(summarize_cmd)
-app.command("scenes", short_help="List STORY's scenes; show one, or redo some.", epilog=SCENES_EXAMPLE)(scenes_cmd)
-app.command(
-    "serve", short_help="Serve an OpenAI-compatible API that fits each chat to your model.", epilog=SERVE_EXAMPLE
-)(serve_cmd)
+for name, run_command, short_help in (
+    ("build", build_cmd, "Print the prompt for STORY."),
+    ("inspect", inspect_cmd, None),
+    ("validate", validate_cmd, "Report every problem of STORY at once."),
+    ("convert", convert_cmd, None),
+    ("replay", replay_cmd, "Replay STORY turn by turn and measure prompt-cache reuse."),
+    ("summarize", summarize_cmd, "Summarize STORY's scenes with your own model."),
+    ("scenes", scenes_cmd, "List STORY's scenes; show one, or redo some."),
+    ("serve", serve_cmd, "Serve an OpenAI-compatible API that fits each chat to your model."),
+):
+    app.command(name, short_help=short_help, epilog=EXAMPLES[name])(run_command)
 app.add_typer(config_app, name="config")
 app.add_typer(template_app, name="template")
 

@@ -8,13 +8,14 @@ from typing import Annotated
 
 import typer
 
+from .examples import EXAMPLES
 from .options import AsJson, ConfigPath, Debug, Force, named, settings_from
 from .terminal import show, terminal, write_stdout
 
 config_app = typer.Typer(no_args_is_help=True, help="Write or show the settings.")
 
 
-@config_app.command("init")
+@config_app.command("init", epilog=EXAMPLES["config init"])
 def config_init(
     force: Force = False,
     config: Annotated[
@@ -38,7 +39,7 @@ def config_init(
     terminal().say(f"wrote {path}")
 
 
-@config_app.command("show")
+@config_app.command("show", epilog=EXAMPLES["config show"])
 def config_show(config: ConfigPath = None, as_json: AsJson = False, debug: Debug = False) -> None:
     """Print the effective settings and where each came from."""
     rows = list(settings_from(config).rows())

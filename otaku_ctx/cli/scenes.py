@@ -17,12 +17,6 @@ from .terminal import write_stdout
 if TYPE_CHECKING:
     from ..summarize.review import Row
 
-SCENES_EXAMPLE = (
-    "Examples:\n\n"
-    "ctx scenes chat.jsonl             # every scene, its status, a line of it\n\n"
-    "ctx scenes chat.jsonl --show 4    # scene 4 whole\n\n"
-    "ctx scenes chat.jsonl --redo 4-6 --url http://127.0.0.1:8080/v1 --model m"
-)
 PREVIEW = 60  # characters of a scene's summary in the list
 
 

@@ -27,13 +27,6 @@ Model = Annotated[
 NoSummarize = Annotated[bool, typer.Option("--no-summarize", help="Write no scene summaries in the background.")]
 
 #: what `ctx serve --help` ends with
-EXAMPLE = """Example:
-
-\b
-  llama-server -m model.gguf -c 8192 &
-  ctx serve --backend http://127.0.0.1:8080/v1
-  # SillyTavern, Custom (OpenAI-compatible): http://127.0.0.1:8765/v1
-"""
 INSTALL = "ctx serve needs aiohttp, the serve extra: pip install 'otaku-ctx[serve]' (sh install.sh installs it)"
 
 

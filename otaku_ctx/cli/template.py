@@ -11,13 +11,14 @@ from typing import Annotated, Any
 
 import typer
 
+from .examples import EXAMPLES
 from .options import ConfigPath, Debug, Request, StoryArg, named, prompt_options
 from .terminal import terminal, write_stdout
 
 template_app: typer.Typer = typer.Typer(no_args_is_help=True, help="Show a template's variables, or render a template.")
 
 
-@template_app.command("vars")
+@template_app.command("vars", epilog=EXAMPLES["template vars"])
 @prompt_options
 def vars_cmd(request: Request, story: StoryArg) -> None:
     """Print, as JSON, the variables the template sees for STORY's prompt (the assembly
@@ -39,7 +40,7 @@ def vars_cmd(request: Request, story: StoryArg) -> None:
     write_stdout(json.dumps(variables, ensure_ascii=False, indent=2) + "\n")
 
 
-@template_app.command("render")
+@template_app.command("render", epilog=EXAMPLES["template render"])
 def render_cmd(
     template: Annotated[str, typer.Argument(metavar="NAME|FILE", help="A template: a name or a .hbs file.")],
     vars_file: Annotated[
