@@ -275,6 +275,51 @@ def test_a_chat_is_known_by_its_frame_and_opening_or_by_its_name() -> None:
     assert named.named and named == identify(other, {"user": "lamp"}, {}, 2) != key
 
 
+def test_a_chats_next_request_keeps_the_messages_it_holds_again() -> None:
+    """Turn after turn, the messages a chat's request holds again are the same objects as last
+    turn's (what was worked out from them is known again by identity); from the first edited
+    one on, and for another frame's chat, they are read afresh, and equal what a fresh read gives."""
+    before = chat_story({"messages": chat(30)})
+    after = chat_story({"messages": chat(33)}, before)
+    assert all(a is b for a, b in zip(after.messages, before.messages, strict=False))
+    assert after == chat_story({"messages": chat(33)})
+    edited = chat(33)
+    edited[11]["content"] += " (edited)"
+    again = chat_story({"messages": edited}, before)
+    assert all(a is b for a, b in zip(again.messages[:10], before.messages, strict=False))
+    assert not any(a is b for a, b in zip(again.messages[10:], before.messages[10:], strict=False))
+    assert again == chat_story({"messages": edited})
+    assert chat_story({"messages": chat(2)}, before, most=1).messages == before.messages[:1]
+
+
+def test_the_sidecar_is_judged_again_only_when_the_chat_or_the_records_changed(tmp_path: Path) -> None:
+    """The store judges a chat's records against its messages once: the next turn's story, the
+    same messages and more, gets the same scenes (the same objects); an edited message, or
+    records written since, are judged again — and what comes out is what a fresh judgment gives."""
+    from otaku_ctx.serve.store import Store
+    from otaku_ctx.story.sidecar import Record, covers, sha, with_sidecar
+
+    story = chat_story({"messages": chat(40)})
+    records = [
+        Record(i + 1, a, b, f"S{i}", f"Scene {a}-{b}.", covers=covers(story, a, b), summary_sha=sha("x"))
+        for i, (a, b) in enumerate([(3, 14), (15, 26)])
+    ]
+    store = Store(tmp_path)
+    store.save("k", records)
+    first = store.story("k", story)
+    next_turn = chat_story({"messages": chat(44)}, story)
+    later = store.story("k", next_turn)
+    assert later.scenes is first.scenes and len(first.scenes) == 2
+    edited = chat(44)
+    edited[5]["content"] += " (edited)"
+    changed = chat_story({"messages": edited}, story)
+    judged = store.story("k", changed)
+    assert judged.scenes == with_sidecar(changed, records, str(store.path("k"))).scenes
+    assert [s.start for s in judged.scenes] == [15]  # scene 3-14 is stale
+    store.save("k", records[:1])
+    assert [s.start for s in store.story("k", next_turn).scenes] == [3]
+
+
 def test_usage_is_read_as_each_server_reports_it() -> None:
     llama = Usage()
     llama.read({"timings": {"cache_n": 90, "prompt_n": 10}})

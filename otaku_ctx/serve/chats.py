@@ -55,30 +55,48 @@ def text_of(content: Any, where: str) -> str:
     raise ChatError(f"{where}: content must be text or a list of text parts")
 
 
-def chat_story(body: Mapping[str, Any]) -> Story:
-    """The request's chat as a Story: the leading system messages its frame, the rest its messages."""
+def chat_story(body: Mapping[str, Any], before: Story | None = None, *, most: int | None = None) -> Story:
+    """The request's chat as a Story: the leading system messages its frame, the rest its messages.
+
+    `before`: the chat's story at its previous request. Its messages that this request holds
+    again, in order from the first, are taken as they are (the same Message objects), so what
+    was worked out from them last turn is known again by identity (`Store.story`). `most`:
+    read only the frame and the first `most` messages (enough to recognise the chat)."""
     given = body.get("messages")
     if not isinstance(given, list) or not given:
         raise ChatError("messages: expected a non-empty list of chat messages")
     frame: list[str] = []
     messages: list[Message] = []
+    kept = before.messages if before is not None else ()
+    same = True  # the messages so far are `before`'s
     for index, raw in enumerate(given):
-        where = f"messages[{index}]"
+        if most is not None and len(messages) >= most:
+            break
         if not isinstance(raw, dict):
-            raise ChatError(f"{where}: expected an object with role and content")
+            raise ChatError(f"messages[{index}]: expected an object with role and content")
         role = ROLES.get(str(raw.get("role")))
         if role is None:
             raise ChatError(
-                f"{where}: role {raw.get('role')!r} cannot be assembled; ctx serve takes system, user and assistant"
+                f"messages[{index}]: role {raw.get('role')!r} cannot be assembled;"
+                " ctx serve takes system, user and assistant"
             )
-        content = text_of(raw.get("content"), where)
+        content = raw.get("content")
+        if not isinstance(content, str):
+            content = text_of(content, f"messages[{index}]")
         name = raw.get("name")
         if name is not None and not isinstance(name, str):
-            raise ChatError(f"{where}: name must be text")
+            raise ChatError(f"messages[{index}]: name must be text")
         if role == "system" and not messages:
             frame.append(content)
             continue
-        messages.append(Message(len(messages) + 1, role, content, name or None))
+        n = len(messages)
+        if same and n < len(kept):
+            old = kept[n]
+            if old.content == content and old.role == role and old.name == (name or None):
+                messages.append(old)
+                continue
+        same = False
+        messages.append(Message(n + 1, role, content, name or None))
     if not messages:
         raise ChatError("messages: only system messages; send the chat's messages too")
     return Story(path=Path("chat"), messages=tuple(messages), system="\n\n".join(frame), source_format="openai")

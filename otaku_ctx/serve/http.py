@@ -19,6 +19,7 @@ import os
 import signal
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -30,6 +31,7 @@ from ..backend import Backend, BackendError, NoTokenizer, Retry, TimedOut
 from ..build import counter_for, with_model
 from ..config import ModelSettings, Settings
 from ..errors import ConfigError, OtakuError
+from ..story.model import Story
 from ..tokens import TokenCounter
 from .assemble import Assembled, assemble_chat
 from .chats import ChatError, chat_story, identify
@@ -112,6 +114,7 @@ class Service:
         )
         self.summarize = s.summarize
         self.store = Store(chats_folder())
+        self.seen = Seen()
         self.gate = Gate()
         self.stats = Stats()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="ctx-serve")
@@ -202,11 +205,12 @@ class Service:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
         body = await self.read_json(request)
-        story = chat_story(body)
+        opening = self.settings.serve.chat_messages
+        chat = identify(chat_story(body, most=opening), body, request.headers, opening)
+        story = self.seen.read(chat.key, body)
         with self.gate.live():
             named = str(body.get("model") or "")
             setup = await self.blocking(lambda: self.setup(named))
-            chat = identify(story, body, request.headers, setup.settings.serve.chat_messages)
             max_tokens = _tokens(body)
             window = await self.blocking(lambda: self.window(setup.settings))
 
@@ -499,6 +503,24 @@ def serve_forever(service: Service, say: Callable[[str], None]) -> None:
         raise ServeError(
             f"cannot listen on {service.settings.serve.host}:{service.settings.serve.port}: {why.strerror or why}"
         ) from None
+
+
+class Seen:
+    """Each chat's story at its last request (the `MOST_SEEN` chats seen last): the next request
+    of the chat is read against it, so the messages it holds again are the same objects."""
+
+    MOST_SEEN = 64
+
+    def __init__(self) -> None:
+        self._stories: OrderedDict[str, Story] = OrderedDict()
+
+    def read(self, key: str, body: Mapping[str, Any]) -> Story:
+        story = chat_story(body, self._stories.get(key))
+        self._stories[key] = story
+        self._stories.move_to_end(key)
+        while len(self._stories) > self.MOST_SEEN:
+            self._stories.popitem(last=False)
+        return story
 
 
 class Running:

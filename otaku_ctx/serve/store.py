@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
+from dataclasses import replace
 from pathlib import Path
 
 from ..files import write_atomic
 from ..locations import otaku_home
-from ..story.model import Story
-from ..story.sidecar import SUFFIX, Record, read_sidecar, sidecar_text, with_sidecar
+from ..story.model import Message, Story
+from ..story.sidecar import SUFFIX, Record, judge, read_sidecar, sidecar_text, with_judged, with_sidecar
+
+#: the chats whose last judgment of their records is kept (each holds its messages)
+MOST_JUDGED = 64
 
 
 def chats_folder() -> Path:
@@ -26,6 +31,8 @@ class Store:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self._read: dict[str, tuple[tuple[int, int], list[Record]]] = {}
+        # each chat's last judgment of its records: (the records, the messages judged, the story made)
+        self._judged: OrderedDict[str, tuple[list[Record], tuple[Message, ...], Story]] = OrderedDict()
         self._lock = threading.Lock()
 
     def path(self, key: str) -> Path:
@@ -48,10 +55,36 @@ class Store:
         return records
 
     def story(self, key: str, story: Story) -> Story:
-        """The chat with the fresh scenes of its sidecar (its stale ones left out)."""
+        """The chat with the fresh scenes of its sidecar (its stale ones left out).
+
+        A chat's next turn is its last one and the messages after it: when the records are
+        the ones judged last, every one of them was found fresh where it stands, and the
+        story's messages begin with the very Message objects judged then (`chat_story` keeps
+        them), the verdict is the same, and is not worked out again (hashing every scene's
+        messages a turn was a third of serve's own time on a long chat). Its scenes are then
+        the same objects too, so their prices are known again (`assemble.stable.Prices`)."""
         records = self.records(key)
-        return with_sidecar(story, records, str(self.path(key))) if records else story
+        if not records or story.scenes or story.notes:  # a chat's story has neither of its own
+            return with_sidecar(story, records, str(self.path(key))) if records else story
+        with self._lock:
+            known = self._judged.get(key)
+        if known is not None and known[0] is records and _begins_with(story.messages, known[1]):
+            return replace(story, scenes=known[2].scenes, notes=known[2].notes)
+        judged = judge(story, records)
+        made = with_judged(story, judged, str(self.path(key)))
+        if judged.fresh == tuple(records):  # each fresh where it stands: more messages after change none
+            with self._lock:
+                self._judged[key] = (records, story.messages, made)
+                self._judged.move_to_end(key)
+                while len(self._judged) > MOST_JUDGED:
+                    self._judged.popitem(last=False)
+        return made
 
     def save(self, key: str, records: list[Record]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path(key), sidecar_text(records))
+
+
+def _begins_with(messages: tuple[Message, ...], before: tuple[Message, ...]) -> bool:
+    """Whether `messages` starts with the very objects of `before`."""
+    return len(messages) >= len(before) and all(a is b for a, b in zip(messages, before, strict=False))

@@ -340,7 +340,11 @@ def _found(story: Story, record: Record, shift: int, looks: int) -> tuple[int | 
 def with_sidecar(story: Story, records: Sequence[Record], shown: str) -> Story:
     """The story with the sidecar's fresh scenes after its own (a stale history left out), and
     notes saying what was left out and why."""
-    judged = judge(story, records)
+    return with_judged(story, judge(story, records), shown)
+
+
+def with_judged(story: Story, judged: Judged, shown: str) -> Story:
+    """The story with the scenes of records judged against it (`judge`), and the notes."""
     scenes = list(story.scenes)
     for record in judged.usable:
         scenes.append(
