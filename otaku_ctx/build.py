@@ -106,11 +106,15 @@ class Pipeline:
         emit: str = "text",
         count: TokenCounter | None = None,
         prices: Prices | None = None,
+        hold: bool = False,
     ) -> None:
+        """`hold`: a server's pipeline, whose chats go on from the shape they were last sent even
+        when summaries were written since (`Policy.hold`)."""
         c = settings.context
         self.settings, self.emit = settings, emit
         self.count = count or counter_for(settings)
-        self.shape, self.policy, self.rules = c.shape(), c.policy(), settings.lore.rules()
+        self.shape, self.rules = c.shape(), settings.lore.rules()
+        self.policy = replace(c.policy(), hold=hold)
         # the parts' derived prices, kept from one build to the next (keyed by all they depend on
         # but the counter, so a pipeline of other settings and the same counter may share them)
         self.prices = prices or Prices()

@@ -245,6 +245,68 @@ def test_going_on_from_the_last_turns_walk_gives_what_walking_from_the_start_giv
         walked = resumed.assembly.walked
 
 
+def test_going_on_from_a_walk_prices_only_what_is_new(long_story: Story, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk kept from the turn before holds its prices: the next turn, whose messages and
+    scenes are the very objects priced then (as `ctx serve` keeps them), prices only its new
+    messages, and builds what a walk from the first message builds; a message edited (a new
+    object) is priced again from it on."""
+    from dataclasses import replace
+
+    from otaku_ctx.assemble.stable import Stable
+    from otaku_ctx.build import Pipeline
+
+    settings = load_settings(overrides={"model.window": (40_000, "test"), "context.cache": ("stable", "test")})
+    pipeline = Pipeline(settings, count=COUNTER)
+    walked = pipeline.build(story_at(long_story, 240)).assembly.walked
+    priced: list[int] = []
+    quick = Stable.quick
+    monkeypatch.setattr(Stable, "quick", lambda self, m, after: priced.append(m.number) or quick(self, m, after))
+    at = story_at(long_story, 243)
+    resumed = pipeline.build(at, resume=walked)
+    assert {241, 242, 243} <= set(priced) and len(priced) < 20  # and the estimates' first messages
+    priced.clear()
+    assert resumed.prompt == pipeline.build(at).prompt and len(priced) >= 243  # the whole walk prices each
+    messages = list(at.messages)
+    messages[99] = replace(messages[99], content=messages[99].content + " Then the fog lifted.")
+    edited = replace(at, messages=tuple(messages))
+    priced.clear()
+    again = pipeline.build(edited, resume=resumed.assembly.walked)
+    assert 100 in priced and 99 not in priced and again.prompt == pipeline.build(edited).prompt
+
+
+def test_a_held_chat_goes_on_from_the_shape_it_was_sent_when_summaries_arrive(long_story: Story) -> None:
+    """`ctx serve`'s chats hold (`Policy.hold`): the summaries of scenes 10 and 11 arrive while
+    the chat is under pressure at level 9 (the story so far through scene 9). Walked again, as
+    if they had always been there, it drops to level 0, the prompt rewritten from the head;
+    held, it goes on from the shape it was sent: the history stays, and the new summaries join
+    the chain after it (the messages they cover leave the tail, as the seed's chains have it)."""
+    from dataclasses import replace
+
+    from otaku_ctx.build import Pipeline
+
+    lagging = tuple(s if s.order <= 9 else replace(s, summary="", history="") for s in long_story.scenes)
+    behind = replace(long_story, scenes=lagging)
+    settings = load_settings(overrides={"model.window": (25_000, "test"), "context.cache": ("stable", "test")})
+    held, walked_again = Pipeline(settings, count=COUNTER, hold=True), Pipeline(settings, count=COUNTER)
+    last = held.build(story_at(behind, 285))
+    assert last.assembly.level > 0
+    arrived = story_at(long_story, 286)
+    kept = held.build(arrived, resume=last.assembly.walked)
+    fresh = walked_again.build(arrived, resume=last.assembly.walked)
+    assert fresh.prompt == walked_again.build(arrived).prompt  # not holding: walked from the first message
+    assert kept.prompt is not None and fresh.prompt is not None and last.prompt is not None
+    assert kept.assembly.tokens <= 25_000
+    # held: the story so far through scene 9 stays, the new scenes' summaries join after it
+    assert kept.assembly.level == last.assembly.level == 9 and fresh.assembly.level == 0
+    assert _common(kept.prompt, last.prompt) > _common(fresh.prompt, last.prompt)
+    assert last.assembly.history is not None and last.assembly.history.history in kept.prompt
+
+
+def _common(a: str, b: str) -> int:
+    """The length of the longest common start of two texts."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
 def test_a_walk_of_a_later_turn_is_not_gone_on_from(long_story: Story) -> None:
     """A resume that stands at this turn or after it (the chat was edited back, a regenerate)
     is not used: the walk starts from the first message."""

@@ -93,5 +93,6 @@ def assemble(
     Case 6 does not raise: the returned Assembly has `case == 6` and a `refusal`.
     """
     search = Search(story, shape, limit, reserve, pricer)
-    found = Stable(search, policy.slack, policy.resume).assemble() if policy.cache == "stable" else search.ladder()
+    stable = policy.cache == "stable"
+    found = Stable(search, policy.slack, policy.resume, policy.hold).assemble() if stable else search.ladder()
     return replace(found, case=classify(found, shape))

@@ -45,6 +45,11 @@ class Policy:
     # the stable policy's walk as it stood at an earlier turn of this story (`Walked`): it goes on
     # from there instead of from the first message (a server's chat, turn after turn)
     resume: Walked | None = None
+    # go on from `resume` even when what it read has changed since (summaries written, a message
+    # edited), as long as the scenes it knew are still where they were: the chat goes on from
+    # the shape it was really sent, not from the one a walk with today's summaries would have
+    # reached (`ctx serve`; docs/caching.md). Off, a changed walk is walked again.
+    hold: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,9 @@ class Walked:
     since: int
     changes: int
     fingerprint: int = 0  # what the walk read up to `turn`, hashed (`Stable.fingerprint`)
+    ends: tuple[int, ...] = ()  # where the scenes the walk knew end (those a shape counts)
+    # the prices the walk worked out, to be known again for the same objects (`Stable.Prices`)
+    prices: object = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

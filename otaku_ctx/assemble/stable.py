@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
-from ..story.model import Message, Role
+from ..story.model import Message, Role, Scene
 from .parts import Assembly, Part, Walked
 from .search import Rung, Search
 from .sections import covered_chain, covered_ends, ends, head, near_miss, refs, rungs, tail
@@ -19,6 +19,43 @@ from .steps import ChainFound, HeadPriced, Held
 
 
 Candidate = tuple[int, int]  # (covered scenes m, level k): scenes 1..m of the run, level k of them
+
+
+@dataclass(frozen=True)
+class Prices:
+    """What a walk priced — each message after the one before it (in prefix sums), each
+    scene's summary, cards and history — kept with its walk (`Walked.prices`) so the next
+    turn of a chat prices only what is new: the messages and scenes that are the very objects
+    priced then (`ctx serve` keeps them from turn to turn), by a pricer of the same frame (what
+    its stand-in renders read, `TemplatePricer.frame`) and counter, keep their prices. Pricing
+    every message of a 10,000-message chat again was most of serve's own time a turn."""
+
+    frame: tuple[object, ...]  # the pricer's frame, its counter, the head
+    messages: tuple[Message, ...]
+    prefix: list[int]
+    framing: dict[tuple[Role, str | None, Role | None], int]
+    run: tuple[Scene, ...]
+    summaries: list[int]
+    card_costs: list[int]
+    histories: dict[int, int]
+
+    def same_messages(self, messages: tuple[Message, ...]) -> int:
+        """How many of `messages`, from the first, are the objects priced here."""
+        return _same(messages, self.messages)
+
+    def same_scenes(self, run: tuple[Scene, ...]) -> int:
+        """How many of the scenes in `run`, from the first, are the objects priced here."""
+        return _same(run, self.run)
+
+
+def _same(now: tuple[object, ...], before: tuple[object, ...]) -> int:
+    """The length of the longest common start of two tuples, by identity."""
+    n = 0
+    for a, b in zip(now, before, strict=False):
+        if a is not b:
+            break
+        n += 1
+    return n
 
 
 @dataclass
@@ -57,6 +94,7 @@ class Stable:
     search: Search
     slack: float
     resume: Walked | None = None
+    hold: bool = False  # `Policy.hold`
 
     def __post_init__(self) -> None:
         story, shape = self.search.story, self.search.shape
@@ -64,16 +102,21 @@ class Stable:
         self.ends = [s.end for s in self.run]
         self.lengths = [0, *accumulate(s.end - s.start + 1 for s in self.run)]  # of the first j scenes
         pricer, cards = self.search.pricer, self.search.cards
-        self.summaries = [0]
-        self.card_costs = [0]
-        for scene in self.run:
+        known = self.resume.prices if self.resume is not None else None
+        frame = (getattr(pricer, "frame", None), getattr(pricer, "count", None), shape.head)
+        known = known if isinstance(known, Prices) and None not in frame and known.frame == frame else None
+        same = known.same_scenes(self.run) if known is not None else 0
+        self.summaries = known.summaries[: same + 1] if known is not None else [0]
+        self.card_costs = known.card_costs[: same + 1] if known is not None else [0]
+        for scene in self.run[same:]:
             self.summaries.append(self.summaries[-1] + pricer.recap_part(Part("summary", scene=scene)))
             self.card_costs.append(
                 self.card_costs[-1] + sum(pricer.recap_part(Part("card", message=m)) for m in cards(scene))
             )
-        self.histories = {
-            k: pricer.recap_part(Part("history", scene=s)) for k, s in enumerate(self.run, start=1) if s.history.strip()
-        }
+        self.histories = {k: v for k, v in known.histories.items() if k <= same} if known is not None else {}
+        for k, scene in enumerate(self.run[same:], start=same + 1):
+            if scene.history.strip():
+                self.histories[k] = pricer.recap_part(Part("history", scene=scene))
         # What level k adds to a chain's price (its history in place of summaries 1..k; a level
         # without a history is never a candidate), and the least of that over levels 1..k: a
         # chain's first level that fits is then found by bisection, not by pricing each level.
@@ -84,10 +127,13 @@ class Stable:
         self.cheapest = list(accumulate(self.level_cost, min))
         # Each message after the one before it (the first after the frame), in prefix sums.
         messages = story.messages
-        self.framing: dict[tuple[Role, str | None, Role | None], int] = {}
-        self.prefix = [0]
-        for j, message in enumerate(messages):
-            self.prefix.append(self.prefix[-1] + self.quick(message, messages[j - 1].role if j else None))
+        self.framing: dict[tuple[Role, str | None, Role | None], int] = known.framing if known is not None else {}
+        priced = known.same_messages(messages) if known is not None else 0
+        self.prefix = known.prefix[: priced + 1] if known is not None else [0]
+        for j in range(priced, len(messages)):
+            self.prefix.append(self.prefix[-1] + self.quick(messages[j], messages[j - 1].role if j else None))
+        self.prices = Prices(frame, messages, self.prefix, self.framing, self.run, self.summaries, self.card_costs,
+                             self.histories)  # fmt: skip
         opening = head(story, shape)
         self.head_role: Role | None = opening[-1].role if opening else None
         self.opening = pricer.recap_opening(self.head_role) if self.run else 0
@@ -250,7 +296,7 @@ class Stable:
         chains: tuple[int, ...] = ()
         start, n_all = 1, len(self.search.story)
         r = self.resume
-        if r is not None and 1 <= r.turn < n_all and r.fingerprint == self.fingerprint(r.turn):
+        if r is not None and self.goes_on(r):
             state, floor, since, changes, start = r.state, r.floor, r.since, r.changes, r.turn + 1
             chains = self.chains(r.turn)
         for n in range(start, n_all + 1):
@@ -267,7 +313,17 @@ class Stable:
                 since = n
             state = chosen
             floor = chosen or floor
-        return Walked(n_all, state, floor, since, changes, self.fingerprint(n_all))
+        known = tuple(self.ends[: bisect_right(self.ends, n_all)])
+        return Walked(n_all, state, floor, since, changes, self.fingerprint(n_all), known, self.prices)
+
+    def goes_on(self, r: Walked) -> bool:
+        """Whether the walk goes on from `r`: a walk of an earlier turn of this story that read
+        what this one reads (its fingerprint); or, holding (`Policy.hold`), a walk of this turn
+        or an earlier one whose scenes are still where they were, whatever was written since."""
+        n = len(self.search.story)
+        if 1 <= r.turn < n and r.fingerprint == self.fingerprint(r.turn):
+            return True
+        return self.hold and 1 <= r.turn <= n and bool(r.ends) and tuple(self.ends[: len(r.ends)]) == r.ends
 
     def fingerprint(self, turn: int) -> int:
         """Everything the walk up to `turn` reads — the limit, the slack, the frame's prices, each

@@ -61,7 +61,9 @@ def pipeline_for(settings: Settings, count: TokenCounter, window: int, max_token
             _PIPELINES.move_to_end(key)
             return found[2]
         shared = next((p.prices for s, c, p in _PIPELINES.values() if s is settings and c is count), None)
-        made = Pipeline(turn_settings(settings, window, max_tokens), emit="messages", count=count, prices=shared)
+        made = Pipeline(
+            turn_settings(settings, window, max_tokens), emit="messages", count=count, prices=shared, hold=True
+        )
         _PIPELINES[key] = (settings, count, made)
         while len(_PIPELINES) > MOST_PIPELINES:
             _PIPELINES.popitem(last=False)
@@ -69,7 +71,8 @@ def pipeline_for(settings: Settings, count: TokenCounter, window: int, max_token
 
 
 # Each chat's stable-policy walk at its last turn, so the next turn goes on from it (the real
-# history of the shapes it was sent) instead of walking the chat from its first message.
+# history of the shapes it was sent, summaries written since or not: `Policy.hold`) instead of
+# walking the chat from its first message.
 _WALKS: OrderedDict[str, Walked] = OrderedDict()
 MOST_CHATS = 1024
 
