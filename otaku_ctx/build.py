@@ -342,15 +342,17 @@ def _unmarked(value: Any) -> Any:
 
 
 def _controls(renderer: PromptRenderer, assembly: Assembly, count: TokenCounter) -> tuple[str, ...]:
-    """The model's control tokens the chosen prompt's blocks spell (before any is broken up)."""
-    if not count.specials:
+    """The model's control tokens the chosen prompt's blocks spell (before any is broken up):
+    the counter's, and those the format's own model file names."""
+    specials = tuple(dict.fromkeys((*count.specials, *renderer.specials)))
+    if not specials:
         return ()
     from .render.specials import spelled
 
     blocks = replace(renderer, specials=()).blocks(assembly)
     names = renderer.variables.names  # the format writes them into its own sequences too
     texts = [*(b.text for b in blocks), *(b.name for b in blocks), names.user, names.char]
-    return tuple(spelled("\n".join(texts), count.specials))
+    return tuple(spelled("\n".join(texts), specials))
 
 
 # --- the model ------------------------------------------------------------------------------

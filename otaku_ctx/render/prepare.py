@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..config import Settings
@@ -48,10 +48,15 @@ class Prepared:
         variables = Variables(self.story, self.names.names, p, lore or LoreChoice.empty())
         bound = bound_for_window(m.window, self.story.longest_text)
         template, fmt = self.template, self.format
-        if count is not None and count.parses_specials:
-            template, fmt = self._for_model(count.specials)
+        model = count is not None and count.parses_specials
+        # the model's control tokens: its counter's, and those the format's own file names
+        specials = tuple(dict.fromkeys((*(count.specials if count is not None and model else ()), *fmt.controls)))
+        if specials:
+            template, fmt = self._for_model(specials)
         renderer = PromptRenderer(variables, template, fmt, self.emit, reserve, bound, m.name, m.max_stop_strings)
-        return renderer.for_model(count) if count is not None and count.parses_specials else renderer
+        if count is not None and model:
+            renderer = renderer.for_model(count)
+        return replace(renderer, specials=specials) if specials else renderer
 
     def _for_model(self, specials: tuple[str, ...]) -> tuple[PromptTemplate, Format]:
         """The template and format bound to names that spell none of the model's control tokens

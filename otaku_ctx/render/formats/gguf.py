@@ -19,6 +19,7 @@ def read_gguf_template(path: Path) -> Format:
     """A GGUF model file's `tokenizer.chat_template`, with its BOS and EOS token texts."""
     from ...files import record_input
     from ...model.gguf import read_gguf
+    from ...model.hf import gguf_controls
 
     record_input(path)
     model = read_gguf(path)
@@ -27,4 +28,5 @@ def read_gguf_template(path: Path) -> Format:
             str(path), "tokenizer.chat_template", "missing: the file has no chat template; give a --format"
         )
     name = f"{path} (tokenizer.chat_template)"
-    return jinja_format(model.chat_template, bos=model.bos_text, eos=model.eos_text, name=name)
+    controls = gguf_controls(model)
+    return jinja_format(model.chat_template, bos=model.bos_text, eos=model.eos_text, name=name, controls=controls)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .model import Format, jinja_format
 from .reading import read_text
-from .tokenizer_config import json_object, token_text
+from .tokenizer_config import config_controls, json_object, token_text
 
 
 def read_jinja(path: Path) -> Format:
@@ -19,5 +19,5 @@ def read_jinja(path: Path) -> Format:
     if path.name == "chat_template.jinja" and config.is_file():
         data = json_object(config, "instruct preset")
         bos, eos = token_text(str(config), data, "bos_token"), token_text(str(config), data, "eos_token")
-        return jinja_format(template, bos=bos, eos=eos, name=str(path))
+        return jinja_format(template, bos=bos, eos=eos, name=str(path), controls=config_controls(data))
     return jinja_format(template, bos="", eos="", name=str(path))

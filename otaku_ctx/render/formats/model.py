@@ -94,6 +94,10 @@ class Format:
     chat_template: str = field(default="", repr=False)
     bos_token: str | None = None  # None: undefined in the template, as a tokenizer without one leaves it
     eos_token: str | None = None
+    # The model's control tokens, as the file the format came from names them (a GGUF's, a
+    # tokenizer_config.json's special added tokens): story text that spells one is broken up
+    # in a text prompt whatever counts it (`Prepared.renderer`), not only with the model's counter.
+    controls: tuple[str, ...] = field(default=(), repr=False)
     # The story's names (`bind`), not read from a file: `{{user}}`, `{{char}}`, and whether
     # more than one character speaks (a group chat, for names_behavior = "force").
     user: str = ""
@@ -126,10 +130,13 @@ def shown(text: str) -> str:
     return text.replace(_BRACES, "{{") if _BRACES in text else text
 
 
-def jinja_format(template: str, *, bos: str | None, eos: str | None, name: str) -> Format:
+def jinja_format(
+    template: str, *, bos: str | None, eos: str | None, name: str, controls: tuple[str, ...] = ()
+) -> Format:
     """A format whose text prompts are a model's own Jinja chat template rendered over the
     format's turns (`render.jinja`), with `bos` and `eos` as its `bos_token` and
     `eos_token` (None: undefined, as transformers leaves a token the tokenizer has not);
+    `controls` the model's control tokens (`Format.controls`);
     `name` names it in errors ("model.gguf (tokenizer.chat_template)"). The
     template is compiled now, so one that is not valid Jinja is an error naming its line.
 
@@ -142,7 +149,9 @@ def jinja_format(template: str, *, bos: str | None, eos: str | None, name: str) 
 
     check_template(template, name)
     stop = unique([eos or "", turn_end(template, name, bos=bos, eos=eos)])
-    return Format(name=name, chat_template=template, bos_token=bos, eos_token=eos, macro=False, stop=stop)
+    return Format(
+        name=name, chat_template=template, bos_token=bos, eos_token=eos, macro=False, stop=stop, controls=controls
+    )
 
 
 def unique(strings: Sequence[str]) -> tuple[str, ...]:

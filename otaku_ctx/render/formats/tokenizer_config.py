@@ -32,7 +32,26 @@ def tokenizer_config_format(path: Path, data: dict[str, Any]) -> Format:
     if not isinstance(template, str) or not template.strip():
         raise ConfigError(source, "chat_template", f"expected a Jinja template (a string), got {template!r:.60}")
     bos, eos = token_text(source, data, "bos_token"), token_text(source, data, "eos_token")
-    return jinja_format(template, bos=bos, eos=eos, name=f"{source} (chat_template)")
+    return jinja_format(template, bos=bos, eos=eos, name=f"{source} (chat_template)", controls=config_controls(data))
+
+
+def config_controls(data: dict[str, Any]) -> tuple[str, ...]:
+    """The control tokens a tokenizer config names: its special `added_tokens_decoder` entries,
+    and the markup-like others (`hf.controls`' rule, as a tokenizer.json's added tokens)."""
+    from ...model.hf import controls
+
+    added = data.get("added_tokens_decoder")
+    if not isinstance(added, dict):
+        return ()
+    entries = [e for e in added.values() if isinstance(e, dict) and isinstance(e.get("content"), str)]
+    return controls(_Added(e["content"], e.get("special") is True) for e in entries)
+
+
+class _Added:
+    """An added token as `hf.controls` reads one."""
+
+    def __init__(self, content: str, special: bool) -> None:
+        self.content, self.special = content, special
 
 
 def is_tokenizer_config(data: dict[str, Any], path: Path) -> bool:
