@@ -1,8 +1,8 @@
 """`--emit messages` and `openai-chat` conform to the model's own template (issue 26): a recap
 (a system turn) in the middle of a chat is folded as the text prompt folds it, so the messages
-a server would give that template render with no error — Mistral Nemo's demands alternating
-user and assistant turns, Gemma 2's refuses a system role. The text prompt's path is not
-touched (its golden files, tests/test_jinja_fidelity.py, hold it)."""
+a server would give that template render with no error — Mistral Nemo's and Command-R's demand
+alternating user and assistant turns, Gemma 2's refuses a system role. The text prompt's path
+is not touched (its golden files, tests/test_jinja_fidelity.py, hold it)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ TEMPLATES = REPO / "tests" / "fixtures" / "chat-templates" / "templates"
 STORY = REPO / "examples" / "lighthouse-case3.jsonl"  # a head, then scene summaries (a system recap), then the tail
 
 
-@pytest.mark.parametrize("name", ["mistral-tekken", "gemma-2"])
+@pytest.mark.parametrize("name", ["mistral-tekken", "gemma-2", "command-r"])
 @pytest.mark.parametrize("emit", ["messages", "openai-chat"])
 def test_the_messages_render_through_the_models_template(name: str, emit: str) -> None:
     template = TEMPLATES / f"{name}.jinja"
@@ -39,3 +39,14 @@ def test_the_messages_render_through_the_models_template(name: str, emit: str) -
     # ends on one; every turn of the chat itself stands in the render)
     said = [m["content"].strip()[:40] for m in messages if m["role"] != "system" and m["content"].strip()]
     assert said and all(text in rendered for text in said)
+
+
+@pytest.mark.parametrize("name", ["mistral-tekken", "gemma-2", "command-r"])
+def test_the_text_prompt_through_the_same_template_renders_too(name: str) -> None:
+    """The text path folds the same chat for the same template, with no error: the recap and
+    every message of the tail stand in the prompt."""
+    template = TEMPLATES / f"{name}.jinja"
+    settings = load_settings(overrides={"prompt.format": (str(template), "test"), "model.window": (4096, "test")})
+    built = build(open_story(STORY), settings)
+    assert built.prompt is not None and built.assembly.case in (3, 4, 5)
+    assert all(m.content.strip()[:40] in built.prompt for m in built.assembly.tail if m.content.strip())
