@@ -64,13 +64,25 @@ class Built:
     names: ResolvedNames | None = None  # `{{char}}` and `{{user}}`, each with where it came from
     controls: tuple[str, ...] = ()  # the model's control tokens the prompt's text spells (see `notes`)
     text_form: bool = True  # the prompt is one text (its spelled control tokens were broken up)
+    # markup the story spells (`<|eot_id|>`) where nothing names the model's control tokens
+    unknown: tuple[str, ...] = ()
 
     @property
     def notes(self) -> tuple[str, ...]:
-        """What the user should know of this prompt: control tokens its text spells."""
+        """What the user should know of this prompt: control tokens its text spells, or
+        markup it spells that ctx cannot tell from one (no model named, a plain format)."""
+        if self.unknown:
+            shown = ", ".join(self.unknown[:5]) + (
+                f" and {len(self.unknown) - 5} more" if len(self.unknown) > 5 else ""
+            )
+            return (
+                f"warning: the story spells {shown}, left as it is: nothing here names the model's control"
+                " tokens (a format of plain text, no model's tokenizer); give --use MODEL or --tokenizer FILE"
+                " and ctx breaks up those the model has",
+            )
         if not self.controls:
             return ()
-        shown = ", ".join(self.controls[:5]) + (f" and {len(self.controls) - 5} more" if len(self.controls) > 5 else "")
+        shown = _listed(self.controls)
         if self.text_form:
             return (f"the story spells the model's control tokens {shown}: broken up, so they stay text",)
         return (
@@ -184,7 +196,8 @@ class Pipeline:
         blocks = fitted.pricer.blocks(a)
         prompt = fitted.renderer.emitted(blocks)
         controls, text_form = _controls(fitted.renderer, a, self.count), fitted.renderer.text_form
-        return Built(a, budget, self.count.name, prompt, tuple(blocks), lore, names, controls, text_form)
+        unknown = _unknown_markup(fitted.renderer, a, self.count) if text_form else ()
+        return Built(a, budget, self.count.name, prompt, tuple(blocks), lore, names, controls, text_form, unknown)
 
     def candidates(self, story: Story) -> Iterator[tuple[tuple[int, int], Assembly, TemplatePricer]]:
         """Every shape of the story's prompt that fits — the candidates the stable policy chooses
@@ -353,6 +366,29 @@ def _controls(renderer: PromptRenderer, assembly: Assembly, count: TokenCounter)
     names = renderer.variables.names  # the format writes them into its own sequences too
     texts = [*(b.text for b in blocks), *(b.name for b in blocks), names.user, names.char]
     return tuple(spelled("\n".join(texts), specials))
+
+
+def _listed(texts: tuple[str, ...]) -> str:
+    return ", ".join(texts[:5]) + (f" and {len(texts) - 5} more" if len(texts) > 5 else "")
+
+
+def _unknown_markup(renderer: PromptRenderer, assembly: Assembly, count: TokenCounter) -> tuple[str, ...]:
+    """The markup the story's text in a text prompt spells (`<|eot_id|>`, `[INST]`: its
+    messages, names, summaries and histories, not the template's or the format's own text)
+    when nothing names the model's control tokens — neither the counter nor the format's
+    model file — so that none was broken up."""
+    if count.specials or renderer.specials:
+        return ()
+    from .render.formats.model import WRITTEN_MARKUP
+
+    texts = [m.content for m in (*assembly.head, *assembly.tail)]
+    texts += [m.name or "" for m in (*assembly.head, *assembly.tail)]
+    for part in assembly.recap:
+        if part.scene is not None:
+            texts += [part.scene.summary if part.kind == "summary" else part.scene.history]
+        if part.message is not None:
+            texts.append(part.message.content)
+    return tuple(dict.fromkeys(m for text in texts for m in WRITTEN_MARKUP.findall(text)))
 
 
 # --- the model ------------------------------------------------------------------------------

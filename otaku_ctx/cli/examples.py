@@ -36,7 +36,7 @@ EXAMPLES = {
     "scenes": examples(
         f"ctx scenes {STORY}",
         f"ctx scenes {STORY} --show 4",
-        f"ctx scenes chat.jsonl --redo 4-6 --url {SERVER} --model local",
+        f"ctx scenes chat.jsonl --redo 4-6 --url {SERVER} --model m",
     ),
     "serve": examples(
         "llama-server -m model.gguf -c 8192 &",

@@ -49,8 +49,9 @@ class Prepared:
         bound = bound_for_window(m.window, self.story.longest_text)
         template, fmt = self.template, self.format
         model = count is not None and count.parses_specials
-        # the model's control tokens: its counter's, and those the format's own file names
-        specials = tuple(dict.fromkeys((*(count.specials if count is not None and model else ()), *fmt.controls)))
+        # the model's control tokens: its counter's, and those the format's own model file names
+        counted = count.specials if count is not None and model else ()
+        specials = tuple(dict.fromkeys((*counted, *fmt.controls)))
         if specials:
             template, fmt = self._for_model(specials)
         renderer = PromptRenderer(variables, template, fmt, self.emit, reserve, bound, m.name, m.max_stop_strings)

@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+# What may be a model's control token, spelled in story text: `<|im_start|>`, `<start_of_turn>`,
+# `</s>`, `[INST]`, `[/INST]` (not `[0]` or `['role']`).
+WRITTEN_MARKUP = re.compile(r"<[^<>\s{}%]+>|\[/?[A-Z][A-Z_]*\]")
 NAMES_BEHAVIORS = ("none", "force", "always")
 SYSTEM_PLACEMENTS = ("in_place", "last_user")
 
