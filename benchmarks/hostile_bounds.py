@@ -7,10 +7,14 @@ of ctx's own, since the process is pytest's too (about 100 MB and a second or tw
     python benchmarks/hostile_bounds.py            # every case
     python benchmarks/hostile_bounds.py 3 10 17    # some of them
 
-Figures on this machine (2 cores, shared; 2026-12-02, one run each; `baseline` first):
+Figures on this machine (2 cores, shared; 2026-12-02, one run each), wall s / peak MB:
 
-    see the closing note of the session that wrote this, and run it again: a figure here
-    would go stale with the machine's load.
+    baseline 3.1 / 51    #1 2.7 / 93     #2 2.0 / 53     #3 3.8 / 92     #4 5.8 / 119
+    #5-7 3.0 / 89        #8 1.8 / 60     #9 2.5 / 51     #10 3.3 / 92    #11 3.1 / 91
+    #12 2.1 / 58         #13 2.4 / 91    #14 3.8 / 92    #15 3.2 / 72    #16 3.8 / 92
+    #17 4.0 / 92         #18 3.5 / 51
+
+Every case under 6 s and 120 MB, pytest's own start included (issue 28 asks 10 s and 1 GB).
 
 Benchmarks report figures; no test asserts a time.
 """
