@@ -512,6 +512,26 @@ def test_an_oversized_body_is_a_413(stand_in: StandIn) -> None:
         running.stop()
 
 
+@pytest.mark.parametrize(
+    "body, said",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested more than"),
+        (b'{"messages": [', "malformed JSON"),
+        (b"[1]", "JSON object"),
+    ],
+)
+def test_a_body_that_is_no_json_object_is_a_400_in_one_line(
+    serving: Running, stand_in: StandIn, body: bytes, said: str
+) -> None:
+    host, port = serving.url.split("//")[1].split("/")[0].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    answer = connection.getresponse()
+    message = json.loads(answer.read())["error"]["message"]
+    assert answer.status == 400 and said in message and "\n" not in message
+    assert stand_in.bodies == []
+
+
 def test_another_address_needs_a_key_and_a_request_without_it_gets_401(
     stand_in: StandIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -31,6 +31,7 @@ from ..backend import Backend, BackendError, NoTokenizer, Retry, TimedOut
 from ..build import counter_for, with_model
 from ..config import ModelSettings, Settings
 from ..errors import ConfigError, OtakuError
+from ..story.jsonload import JSONProblem, loads
 from ..story.model import Story
 from ..tokens import TokenCounter
 from .assemble import Assembled, assemble_chat
@@ -194,10 +195,10 @@ class Service:
             data = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise TooLarge(bound) from None
-        try:
-            body = json.loads(data)
-        except ValueError as why:
-            raise ChatError(f"the request body is not JSON ({why})") from None
+        try:  # orjson when there (a 10,000-message chat: 4 ms, not 15), guarded against deep nesting
+            body = loads(data)
+        except JSONProblem as why:
+            raise ChatError(f"the request body is not JSON ({why.message})") from None
         if not isinstance(body, dict):
             raise ChatError("the request body must be a JSON object")
         return body
