@@ -290,6 +290,18 @@ def test_a_chats_next_request_keeps_the_messages_it_holds_again() -> None:
     assert not any(a is b for a, b in zip(again.messages[10:], before.messages[10:], strict=False))
     assert again == chat_story({"messages": edited})
     assert chat_story({"messages": chat(2)}, before, most=1).messages == before.messages[:1]
+    # as serve reads them (`Seen`): what was sent alike last time is not read again
+    from otaku_ctx.serve.http import Seen
+
+    seen = Seen()
+    first = seen.read("k", {"messages": chat(30)})
+    second = seen.read("k", {"messages": edited})
+    assert all(a is b for a, b in zip(second.messages[:10], first.messages, strict=False))
+    assert not any(a is b for a, b in zip(second.messages[10:], first.messages[10:], strict=False))
+    assert second == chat_story({"messages": edited})
+    third = seen.read("k", {"messages": [*edited, *chat(35)[34:]]})
+    assert all(a is b for a, b in zip(third.messages, second.messages, strict=False))
+    assert third == chat_story({"messages": [*edited, *chat(35)[34:]]}) and len(third.messages) == 35
 
 
 def test_the_sidecar_is_judged_again_only_when_the_chat_or_the_records_changed(tmp_path: Path) -> None:

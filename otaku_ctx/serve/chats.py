@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,8 @@ from ..story.model import Message, Role, Story
 
 #: the roles a chat's messages may have; `developer` is OpenAI's newer name for `system`
 ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+#: the roles of a frame's messages (the leading ones)
+FRAME_ROLES = ("system", "developer")
 #: the header that names a chat
 HEADER = "X-Ctx-Chat"
 
@@ -55,23 +57,35 @@ def text_of(content: Any, where: str) -> str:
     raise ChatError(f"{where}: content must be text or a list of text parts")
 
 
-def chat_story(body: Mapping[str, Any], before: Story | None = None, *, most: int | None = None) -> Story:
+def chat_story(
+    body: Mapping[str, Any],
+    before: Story | None = None,
+    *,
+    most: int | None = None,
+    sent_before: Sequence[Any] = (),
+) -> Story:
     """The request's chat as a Story: the leading system messages its frame, the rest its messages.
 
     `before`: the chat's story at its previous request. Its messages that this request holds
     again, in order from the first, are taken as they are (the same Message objects), so what
-    was worked out from them last turn is known again by identity (`Store.story`). `most`:
-    read only the frame and the first `most` messages (enough to recognise the chat)."""
+    was worked out from them last turn is known again by identity (`Store.story`); with
+    `sent_before`, the messages that request sent (as decoded), those this one sends again
+    alike are known so without reading them again. `most`: read only the frame and the first
+    `most` messages (enough to recognise the chat)."""
     given = body.get("messages")
     if not isinstance(given, list) or not given:
         raise ChatError("messages: expected a non-empty list of chat messages")
     frame: list[str] = []
     messages: list[Message] = []
     kept = before.messages if before is not None else ()
+    alike = _alike(given, sent_before) if before is not None else 0
     same = True  # the messages so far are `before`'s
     for index, raw in enumerate(given):
         if most is not None and len(messages) >= most:
             break
+        if index < alike and (messages or raw.get("role") not in FRAME_ROLES):  # sent as before: read before
+            messages.append(kept[len(messages)])
+            continue
         if not isinstance(raw, dict):
             raise ChatError(f"messages[{index}]: expected an object with role and content")
         role = ROLES.get(str(raw.get("role")))
@@ -100,6 +114,16 @@ def chat_story(body: Mapping[str, Any], before: Story | None = None, *, most: in
     if not messages:
         raise ChatError("messages: only system messages; send the chat's messages too")
     return Story(path=Path("chat"), messages=tuple(messages), system="\n\n".join(frame), source_format="openai")
+
+
+def _alike(given: Sequence[Any], before: Sequence[Any]) -> int:
+    """How many of `given`, from the first, equal those of `before`."""
+    n = 0
+    for a, b in zip(given, before, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def digest(value: Any) -> str:

@@ -513,11 +513,12 @@ class Seen:
     MOST_SEEN = 64
 
     def __init__(self) -> None:
-        self._stories: OrderedDict[str, Story] = OrderedDict()
+        self._stories: OrderedDict[str, tuple[Any, Story]] = OrderedDict()
 
     def read(self, key: str, body: Mapping[str, Any]) -> Story:
-        story = chat_story(body, self._stories.get(key))
-        self._stories[key] = story
+        sent, before = self._stories.get(key, ((), None))
+        story = chat_story(body, before, sent_before=sent)
+        self._stories[key] = (body.get("messages"), story)
         self._stories.move_to_end(key)
         while len(self._stories) > self.MOST_SEEN:
             self._stories.popitem(last=False)
