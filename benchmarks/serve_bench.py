@@ -28,6 +28,14 @@ In-process and idle, a turn of the same chat was 0.27 s; by cProfile, the stable
 sidecar's staleness check 10 %. Since the policy goes on from each chat's last walk (one
 pipeline per window, `Policy.resume`), 20 turns on the same loaded machine: median 159 ms,
 p90 223 ms of ctx's own time per turn (cached share unchanged: 99.3 %, drop-oldest 0.5 %).
+Since a chat's request is read against its last one (the messages sent alike are the same
+Message objects, not read again), the sidecar judged again only when the chat or the records
+changed, the walk's prices kept for those objects, and the body decoded by orjson
+(2026-12-02, 25 turns, this machine shared): median 29.1 ms, p90 43.3 ms (54.9 ms before the
+read against the last request; 65.7 ms before orjson). In-process the turn's parts were: the
+body decoded 4 ms, read into its story 1 ms, its summaries 0.6 ms, assembled and counted 16 ms.
+Against the real llama-server (tests/realserver/test_serve_real.py, a 400-message chat), ctx's
+own time a turn was 18.5 ms median beside the server's 1,401 ms of prompt evaluation: 1.3 %.
 A frontend that drops the oldest messages rewrites the prompt right after its frame on every
 turn the window is full, so the backend reprocesses nearly all of it; with ctx in front the backend reprocesses the new
 messages only, but at the turns where the shape changes.
