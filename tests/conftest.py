@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,18 @@ def deep_but(values: Iterable[Any], *quick: Any) -> list[Any]:
     return [v if v in quick else pytest.param(v, marks=deep) for v in values]
 
 
+def every(values: Iterable[Any], k: int) -> list[Any]:
+    """Parametrize values of a long matrix of cases alike (conformance goldens, hostile
+    inputs): every k-th in the README's suite, the rest `deep`."""
+    return [v if i % k == 0 else _deep(v) for i, v in enumerate(values)]
+
+
+def _deep(value: Any) -> Any:
+    if hasattr(value, "values") and hasattr(value, "marks"):  # already a pytest.param
+        return pytest.param(*value.values, id=value.id, marks=(*value.marks, deep))
+    return pytest.param(value, marks=deep)
+
+
 def sweep(*axes: Sequence[Any]) -> list[Any]:
     """Every combination of the axes, as parametrize values: one diagonal of them (each value of
     each axis at least once) in the README's suite, the rest `deep`."""
@@ -54,6 +68,14 @@ def sweep(*axes: Sequence[Any]) -> list[Any]:
 def _id(value: Any) -> str:
     return value.stem if isinstance(value, Path) else str(value)
 
+
+# Compiled bytecode, kept outside the checkout: a machine that sets PYTHONDONTWRITEBYTECODE (this
+# one does) otherwise compiles ctx again in every `ctx` process a test starts, and pytest
+# rewrites every test module again on every run. Only where compiled files go changes.
+if not os.environ.get("PYTHONPYCACHEPREFIX"):
+    os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), f"otaku-ctx-pycache-{os.getuid()}")
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.pycache_prefix, sys.dont_write_bytecode = os.environ["PYTHONPYCACHEPREFIX"], False
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"

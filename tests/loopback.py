@@ -1,10 +1,24 @@
 """What the tests' loopback stand-in servers share: a request handler that answers JSON and
-logs nothing (each test file's handler adds the endpoints it stands in for)."""
+logs nothing (each test file's handler adds the endpoints it stands in for), and a server
+that says nothing when a client goes away mid-answer (as the tests' clients do on purpose)."""
 
 from __future__ import annotations
 
 import json
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class QuietServer(ThreadingHTTPServer):
+    """A threading server whose handler errors for a client gone (a broken pipe, a reset) are
+    not printed: socketserver prints them on stderr, from its own thread, into whichever test
+    is capturing stderr then."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class JSONHandler(BaseHTTPRequestHandler):

@@ -16,10 +16,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from email.utils import formatdate
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
+from loopback import QuietServer
 
 from otaku_ctx.backend import (
     Backend,
@@ -55,7 +56,7 @@ class Seen:
         return json.loads(self.body)
 
 
-class StandIn(ThreadingHTTPServer):
+class StandIn(QuietServer):
     """Answers each request with the next responder of its script (a 500 when it runs out)."""
 
     daemon_threads = True

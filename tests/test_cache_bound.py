@@ -184,6 +184,7 @@ def test_stable_comes_within_1_5x_of_the_bound_on_the_tour() -> None:
     assert stable.reprocessed() < exact.reprocessed()
 
 
+@pytest.mark.deep
 def test_the_stable_shape_no_longer_flips_tail_targets_on_the_tour() -> None:
     """The flapping the issue shows (tail target 50 -> 100, then 100 -> 50 a few turns later,
     at every scene): a step back is taken only when it lasts a scene, so no tail target

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FIXTURES, REPO
+from conftest import FIXTURES, REPO, every
 
 from otaku_ctx.cli.app import main
 from otaku_ctx.cli.terminal import Terminal
@@ -87,7 +87,7 @@ THROUGH_CLI = [c for c in WHITESPACE if "error" not in c and c["name"] not in DI
 ]
 
 
-@pytest.mark.parametrize("case", THROUGH_CLI, ids=_id)
+@pytest.mark.parametrize("case", every(THROUGH_CLI, 3), ids=_id)
 def test_ctx_template_render_prints_what_handlebars_prints(case: dict[str, Any], tmp_path: Path) -> None:
     template, variables = tmp_path / "t.hbs", tmp_path / "vars.json"
     template.write_bytes(case["template"].encode("utf-8"))  # bytes: CRLF cases keep their \r\n

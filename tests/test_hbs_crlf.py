@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, every
 from test_hbs_conformance import DIFFERENCES
 
 from otaku_ctx.cli.app import main
@@ -88,7 +88,7 @@ THROUGH_CLI = [c for c in RUN if "error" not in c and "suite" not in c] + [
 ]
 
 
-@pytest.mark.parametrize("case", THROUGH_CLI, ids=_id)
+@pytest.mark.parametrize("case", every(THROUGH_CLI, 3), ids=_id)
 def test_ctx_template_render_keeps_the_line_ends(case: dict[str, Any], tmp_path: Path) -> None:
     template, variables = tmp_path / "t.hbs", tmp_path / "vars.json"
     template.write_bytes(case["template"].encode("utf-8"))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import CASE3, FIXTURES, REPO
+from conftest import CASE3, FIXTURES, REPO, every
 
 from otaku_ctx import files
 from otaku_ctx.cli.app import main
@@ -262,7 +262,7 @@ def _shown(given: Input, path: Path) -> str:
     return "<stdin>" if given.place == "stdin" else str(path)
 
 
-@pytest.mark.parametrize(("given", "hostile"), CASES)
+@pytest.mark.parametrize(("given", "hostile"), every(CASES, 2))
 def test_hostile_input(
     given: Input, hostile: str, tmp_path: Path, otaku_home: Path, private_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,11 +16,12 @@ import re
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
+from loopback import QuietServer
 
 from otaku_ctx.backend import Backend, BadReply, NoTokenizer, Refused, Retry, ServerError, Unreachable
 from otaku_ctx.backend.servers import OPENAI, SERVERS, WINDOWS, ServerKind
@@ -175,7 +176,7 @@ class Gateway(Dialect):
         return None
 
 
-class StandIn(ThreadingHTTPServer):
+class StandIn(QuietServer):
     daemon_threads = True
 
     def __init__(self, dialect: Dialect) -> None:

@@ -17,13 +17,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from loopback import JSONHandler
+from loopback import JSONHandler, QuietServer
 
 from otaku_ctx.config import ContextSettings, ServeSettings, Settings, SummarizeSettings
 from otaku_ctx.serve.chats import HEADER, ChatError, chat_story, identify
@@ -34,7 +33,7 @@ from otaku_ctx.story.sidecar import read_sidecar
 REPO = Path(__file__).resolve().parents[1]
 
 
-class StandIn(ThreadingHTTPServer):
+class StandIn(QuietServer):
     """A model server: `/props` says its window, `/v1/models` lists one model, chat completions
     answer `reply to N messages` (streamed a word a chunk when asked), summaries and histories
     answer JSON. `mode` makes it fail: "500", "slow" (waits `delay` first), "cut" (a stream

@@ -15,12 +15,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from loopback import JSONHandler
+from loopback import JSONHandler, QuietServer
 
 from otaku_ctx.cli.app import main
 from otaku_ctx.cli.terminal import Terminal
@@ -32,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 FIRST = re.compile(r"^\[(\d+)\] ", re.MULTILINE)
 
 
-class StandIn(ThreadingHTTPServer):
+class StandIn(QuietServer):
     """Answers /v1/chat/completions with a short summary or history naming what it was asked;
     logs (kind, first message number) for every chat request."""
 
