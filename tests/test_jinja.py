@@ -418,3 +418,16 @@ def test_invariants_with_a_models_template(
         "default",
         str(JINJA_CONFIGS / template / "tokenizer_config.json"),
     )
+
+
+def test_a_generation_block_renders_its_body_in_place() -> None:
+    """`{% generation %}` (transformers' tag around the assistant's turns, for masking them in
+    training): the body rendered where it stands, as transformers renders it; a template
+    that uses it renders what the same template without the tags renders."""
+    tagged = (
+        "{% for m in messages %}{% if m.role == 'assistant' %}<a>{% generation %}{{ m.content }}<end>"
+        "{% endgeneration %}{% else %}<u>{{ m.content }}{% endif %}{% endfor %}"
+    )
+    plain = tagged.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    chat = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+    assert render_chat(tagged, chat, name="t") == render_chat(plain, chat, name="t") == "<u>Hi.<a>Hello.<end>"

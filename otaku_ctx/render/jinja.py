@@ -327,8 +327,19 @@ def _environment() -> Any:
             args = _check_call(budget, __obj, args, kwargs)
             return super().call(__context, __obj, *args, **kwargs)
 
+    class Generation(jinja2.ext.Extension):
+        """`{% generation %}…{% endgeneration %}`, as transformers reads it: the body rendered in
+        place (transformers also notes where it stands, to mask the assistant's tokens; a
+        prompt has no use for that)."""
+
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
     environment = Environment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols], finalize=_finalize
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, Generation], finalize=_finalize
     )
     for key, function in list(environment.filters.items()):
         environment.filters[key] = _guarded_filter(function)
