@@ -66,19 +66,22 @@ class Built:
     text_form: bool = True  # the prompt is one text (its spelled control tokens were broken up)
     # markup the story spells (`<|eot_id|>`) where nothing names the model's control tokens
     unknown: tuple[str, ...] = ()
+    format_note: str = ""  # what the format says of itself (a bare .jinja's empty BOS and EOS)
 
     @property
     def notes(self) -> tuple[str, ...]:
         """What the user should know of this prompt: control tokens its text spells, or
-        markup it spells that ctx cannot tell from one (no model named, a plain format)."""
+        markup it spells that ctx cannot tell from one (no model named, a plain format); and
+        what the format says of itself (a bare .jinja's empty BOS and EOS)."""
+        said = (self.format_note,) if self.format_note else ()
+        return said + self._control_notes()
+
+    def _control_notes(self) -> tuple[str, ...]:
         if self.unknown:
-            shown = ", ".join(self.unknown[:5]) + (
-                f" and {len(self.unknown) - 5} more" if len(self.unknown) > 5 else ""
-            )
             return (
-                f"warning: the story spells {shown}, left as it is: nothing here names the model's control"
-                " tokens (a format of plain text, no model's tokenizer); give --use MODEL or --tokenizer FILE"
-                " and ctx breaks up those the model has",
+                f"warning: the story spells {_listed(self.unknown)}, left as it is: nothing here names the"
+                " model's control tokens (a format of plain text, no model's tokenizer); give --use MODEL or"
+                " --tokenizer FILE and ctx breaks up those the model has",
             )
         if not self.controls:
             return ()
@@ -197,7 +200,8 @@ class Pipeline:
         prompt = fitted.renderer.emitted(blocks)
         controls, text_form = _controls(fitted.renderer, a, self.count), fitted.renderer.text_form
         unknown = _unknown_markup(fitted.renderer, a, self.count) if text_form else ()
-        return Built(a, budget, self.count.name, prompt, tuple(blocks), lore, names, controls, text_form, unknown)
+        note = fitted.renderer.format.note
+        return Built(a, budget, self.count.name, prompt, tuple(blocks), lore, names, controls, text_form, unknown, note)
 
     def candidates(self, story: Story) -> Iterator[tuple[tuple[int, int], Assembly, TemplatePricer]]:
         """Every shape of the story's prompt that fits — the candidates the stable policy chooses

@@ -56,3 +56,33 @@ def test_the_default_counter_with_a_models_format_breaks_up_its_control_tokens(
         assert injected.count(token) == twin.count(token), (token, injected)
     assert twin.count("<|im_start|>") >= 3  # the template's own markers are there, and counted
     assert "the story spells the model's control tokens" in notes[0] and "control tokens" not in notes[1]
+
+
+def test_a_bare_jinja_takes_bos_eos_and_controls_from_a_file_beside_it_or_says_they_are_empty(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A `.jinja` of any name: a tokenizer_config.json beside it gives its BOS, EOS and the
+    model's control tokens; else the one GGUF beside it; with neither, they are empty, and
+    stderr says so once."""
+    from otaku_ctx.render.lookup import find_format
+
+    bos_template = "{{ bos_token }}" + TEMPLATE
+    alone = tmp_path / "alone" / "my-model.jinja"
+    by_gguf = tmp_path / "gguf" / "my-model.jinja"
+    by_config = tmp_path / "config" / "my-model.jinja"
+    for path in (alone, by_gguf, by_config):
+        path.parent.mkdir()
+        path.write_text(bos_template)
+    write_gguf(by_gguf.parent / "tiny.gguf", tiny_bpe())
+    added = {"0": {"content": "<|im_start|>", "special": True}}
+    (by_config.parent / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<B>", "added_tokens_decoder": added})
+    )
+    assert (find_format(str(by_config)).bos_token, find_format(str(by_config)).controls) == ("<B>", ("<|im_start|>",))
+    gguf = find_format(str(by_gguf))
+    assert gguf.bos_token == CONTROL_TOKENS[1] and set(CONTROL_TOKENS) <= set(gguf.controls)  # tiny's BOS is id 1
+    assert find_format(str(alone)).bos_token == "" and find_format(str(alone)).controls == ()
+    code, _, err = run(capsys, "build", story(tmp_path / "s.jsonl", plain=True), "--format", alone)
+    assert code == 0 and err.count("no tokenizer_config.json or GGUF beside it") == 1
+    code, _, err = run(capsys, "build", story(tmp_path / "s.jsonl", plain=True), "--format", by_gguf)
+    assert code == 0 and "beside it" not in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from .model import Format, jinja_format
@@ -10,14 +11,30 @@ from .tokenizer_config import config_controls, json_object, token_text
 
 
 def read_jinja(path: Path) -> Format:
-    """A `.jinja` chat template file. It carries no BOS or EOS text of its own, so the
-    template gets empty ones (a template that adds `eos_token` to a text still renders) —
-    unless it is a model folder's `chat_template.jinja` with a `tokenizer_config.json`
-    beside it, which has them."""
+    """A `.jinja` chat template file. It carries no BOS or EOS text of its own: they come,
+    with the model's control tokens, from a `tokenizer_config.json` beside it (a model
+    folder's), else from the one GGUF beside it; with neither, they are empty (a template
+    that adds `eos_token` to a text still renders), and the format's `note` says so."""
     template = read_text(path, "template")
     config = path.parent / "tokenizer_config.json"
-    if path.name == "chat_template.jinja" and config.is_file():
+    if config.is_file():
         data = json_object(config, "instruct preset")
         bos, eos = token_text(str(config), data, "bos_token"), token_text(str(config), data, "eos_token")
         return jinja_format(template, bos=bos, eos=eos, name=str(path), controls=config_controls(data))
-    return jinja_format(template, bos="", eos="", name=str(path))
+    ggufs = [p for p in sorted(path.parent.glob("*.gguf")) if p.is_file()]
+    if len(ggufs) == 1:
+        from ...files import record_input
+        from ...model.gguf import read_gguf
+        from ...model.hf import gguf_controls
+
+        record_input(ggufs[0])
+        model = read_gguf(ggufs[0])
+        return jinja_format(
+            template, bos=model.bos_text, eos=model.eos_text, name=str(path), controls=gguf_controls(model)
+        )
+    empty = jinja_format(template, bos="", eos="", name=str(path))
+    said = (
+        f"{path}: no tokenizer_config.json or GGUF beside it, so its bos_token and eos_token are empty"
+        " and no control token of the model is known (--use MODEL gives them)"
+    )
+    return replace(empty, note=said)

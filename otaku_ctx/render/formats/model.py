@@ -101,6 +101,7 @@ class Format:
     # tokenizer_config.json's special added tokens): story text that spells one is broken up
     # in a text prompt whatever counts it (`Prepared.renderer`), not only with the model's counter.
     controls: tuple[str, ...] = field(default=(), repr=False)
+    note: str = field(default="", repr=False)  # what a build says of the format on stderr, once
     # The story's names (`bind`), not read from a file: `{{user}}`, `{{char}}`, and whether
     # more than one character speaks (a group chat, for names_behavior = "force").
     user: str = ""
