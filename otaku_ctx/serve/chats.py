@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import OtakuError
 from ..story.model import Message, Role, Story
+from ..tokens import common_length
 
 #: the roles a chat's messages may have; `developer` is OpenAI's newer name for `system`
 ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -78,7 +79,7 @@ def chat_story(
     frame: list[str] = []
     messages: list[Message] = []
     kept = before.messages if before is not None else ()
-    alike = _alike(given, sent_before) if before is not None else 0
+    alike = common_length(given, sent_before) if before is not None else 0
     same = True  # the messages so far are `before`'s
     for index, raw in enumerate(given):
         if most is not None and len(messages) >= most:
@@ -114,16 +115,6 @@ def chat_story(
     if not messages:
         raise ChatError("messages: only system messages; send the chat's messages too")
     return Story(path=Path("chat"), messages=tuple(messages), system="\n\n".join(frame), source_format="openai")
-
-
-def _alike(given: Sequence[Any], before: Sequence[Any]) -> int:
-    """How many of `given`, from the first, equal those of `before`."""
-    n = 0
-    for a, b in zip(given, before, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def digest(value: Any) -> str:

@@ -14,6 +14,7 @@ from ..files import write_atomic
 from ..locations import otaku_home
 from ..story.model import Message, Story
 from ..story.sidecar import SUFFIX, Record, judge, read_sidecar, sidecar_text, with_judged, with_sidecar
+from ..tokens import common_length
 
 #: the chats whose last judgment of their records is kept (each holds its messages)
 MOST_JUDGED = 64
@@ -59,16 +60,17 @@ class Store:
 
         A chat's next turn is its last one and the messages after it: when the records are
         the ones judged last, every one of them was found fresh where it stands, and the
-        story's messages begin with the very Message objects judged then (`chat_story` keeps
-        them), the verdict is the same, and is not worked out again (hashing every scene's
-        messages a turn was a third of serve's own time on a long chat). Its scenes are then
-        the same objects too, so their prices are known again (`assemble.stable.Prices`)."""
+        story's messages begin with the messages judged then (the same objects, as
+        `chat_story` keeps them, so they compare equal at once), the verdict is the same, and
+        is not worked out again (hashing every scene's messages a turn was a third of serve's
+        own time on a long chat). Its scenes are then the same objects too, so their prices
+        are known again (`assemble.stable.Prices`)."""
         records = self.records(key)
         if not records or story.scenes or story.notes:  # a chat's story has neither of its own
             return with_sidecar(story, records, str(self.path(key))) if records else story
         with self._lock:
             known = self._judged.get(key)
-        if known is not None and known[0] is records and _begins_with(story.messages, known[1]):
+        if known is not None and known[0] is records and common_length(story.messages, known[1]) == len(known[1]):
             return replace(story, scenes=known[2].scenes, notes=known[2].notes)
         judged = judge(story, records)
         made = with_judged(story, judged, str(self.path(key)))
@@ -83,8 +85,3 @@ class Store:
     def save(self, key: str, records: list[Record]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path(key), sidecar_text(records))
-
-
-def _begins_with(messages: tuple[Message, ...], before: tuple[Message, ...]) -> bool:
-    """Whether `messages` starts with the very objects of `before`."""
-    return len(messages) >= len(before) and all(a is b for a, b in zip(messages, before, strict=False))
