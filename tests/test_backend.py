@@ -59,18 +59,12 @@ class Seen:
 class StandIn(QuietServer):
     """Answers each request with the next responder of its script (a 500 when it runs out)."""
 
-    daemon_threads = True
-
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.script: deque[Responder] = deque()
         self.seen: list[Seen] = []
         self.answered = 0  # the requests whose responder has returned (a stall's has not)
         self.released = threading.Event()  # ends every stall
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
 
     def answer(self, *responders: Responder) -> StandIn:
         self.script.extend(responders)
@@ -145,14 +139,10 @@ def completion(text: str = "Hello!", finish: str = "stop", usage: dict | None = 
 
 @pytest.fixture
 def server() -> Iterator[StandIn]:
-    stand_in = StandIn()
-    thread = threading.Thread(target=stand_in.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
+    stand_in = StandIn().start()
     yield stand_in
     stand_in.released.set()
-    stand_in.shutdown()
-    stand_in.server_close()
-    thread.join(5)
+    stand_in.stop()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -354,13 +353,9 @@ def test_a_trickled_reply_to_summarize_is_one_line(server: StandIn, tmp_path: Pa
 def summarizer() -> Iterator[Any]:
     from test_summarize import StandIn as Summarizer
 
-    stand_in = Summarizer()
-    thread = threading.Thread(target=stand_in.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
+    stand_in = Summarizer().start(poll=0.02)
     yield stand_in
-    stand_in.shutdown()
-    stand_in.server_close()
-    thread.join(5)
+    stand_in.stop()
 
 
 def summarize_chat(tmp_path: Path, summarizer: Any, n: int = 120, *more: str | Path) -> tuple[int, str, str, Path]:

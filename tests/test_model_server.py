@@ -16,12 +16,11 @@ import re
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
-from loopback import QuietServer
+from loopback import JSONHandler, QuietServer
 
 from otaku_ctx.backend import Backend, BadReply, NoTokenizer, Refused, Retry, ServerError, Unreachable
 from otaku_ctx.backend.servers import OPENAI, SERVERS, WINDOWS, ServerKind
@@ -177,8 +176,6 @@ class Gateway(Dialect):
 
 
 class StandIn(QuietServer):
-    daemon_threads = True
-
     def __init__(self, dialect: Dialect) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.dialect = dialect
@@ -187,24 +184,12 @@ class StandIn(QuietServer):
         self.lock = threading.Lock()
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-    @property
     def tokenized(self) -> int:
         return self.seen[self.dialect.tokenize_path] if self.dialect.tokenize_path else 0
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JSONHandler):
     server: StandIn
-
-    def _send(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def _authorized(self) -> bool:
         key = self.server.dialect.key
@@ -234,24 +219,19 @@ class _Handler(BaseHTTPRequestHandler):
         found = dialect.post(self.path, body)
         self._send(200, found) if found is not None else self._send(404, {"error": "Not Found"})
 
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
 
 @pytest.fixture
 def serve() -> Iterator[Any]:
     started: list[StandIn] = []
 
     def start(dialect: Dialect) -> StandIn:
-        server = StandIn(dialect)
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        server = StandIn(dialect).start()
         started.append(server)
         return server
 
     yield start
     for server in started:
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 def backend(server: StandIn, **kwargs: Any) -> Backend:

@@ -39,8 +39,6 @@ class StandIn(QuietServer):
     answer JSON. `mode` makes it fail: "500", "slow" (waits `delay` first), "cut" (a stream
     that stops mid-reply), "hang" (a stream that sends one chunk, then waits)."""
 
-    daemon_threads = True
-
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.window = 8192
@@ -54,10 +52,6 @@ class StandIn(QuietServer):
         self.in_flight = self.most = 0  # live requests being answered at once ("slow"), and the most
         self.gone = threading.Event()  # a client went away mid-stream
         self.lock = threading.Lock()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
 
 
 def reply_text(body: dict[str, Any]) -> str:
@@ -191,14 +185,11 @@ class _Handler(JSONHandler):
 
 @pytest.fixture
 def stand_in() -> Iterator[StandIn]:
-    server = StandIn()
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
+    server = StandIn().start()
     try:
         yield server
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 def settings_for(url: str, **serve: Any) -> Settings:

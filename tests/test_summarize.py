@@ -35,8 +35,6 @@ class StandIn(QuietServer):
     """Answers /v1/chat/completions with a short summary or history naming what it was asked;
     logs (kind, first message number) for every chat request."""
 
-    daemon_threads = True
-
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.log: list[tuple[str, int]] = []
@@ -56,10 +54,6 @@ class StandIn(QuietServer):
         self.since = 0  # ... of the log from this entry on
         self.rolling = False  # a history names the history it was rolled from, then the scene
         self.on_request: Callable[[int], None] | None = None  # called with each chat request's number (1, 2, …)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
 
 
 class _Handler(JSONHandler):
@@ -122,14 +116,11 @@ class _Handler(JSONHandler):
 
 @pytest.fixture
 def server() -> Iterator[StandIn]:
-    stand_in = StandIn()
-    thread = threading.Thread(target=stand_in.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
+    stand_in = StandIn().start(poll=0.02)
     try:
         yield stand_in
     finally:
-        stand_in.shutdown()
-        stand_in.server_close()
+        stand_in.stop()
 
 
 def sillytavern_chat(path: Path, n: int, chars: int = 250) -> Path:
