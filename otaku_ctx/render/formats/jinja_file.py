@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from .gguf import read_gguf_template
 from .model import Format, jinja_format
 from .reading import read_text
 from .tokenizer_config import config_controls, json_object, token_text
@@ -23,15 +24,7 @@ def read_jinja(path: Path) -> Format:
         return jinja_format(template, bos=bos, eos=eos, name=str(path), controls=config_controls(data))
     ggufs = [p for p in sorted(path.parent.glob("*.gguf")) if p.is_file()]
     if len(ggufs) == 1:
-        from ...files import record_input
-        from ...model.gguf import read_gguf
-        from ...model.hf import gguf_controls
-
-        record_input(ggufs[0])
-        model = read_gguf(ggufs[0])
-        return jinja_format(
-            template, bos=model.bos_text, eos=model.eos_text, name=str(path), controls=gguf_controls(model)
-        )
+        return read_gguf_template(ggufs[0], template, name=str(path))
     empty = jinja_format(template, bos="", eos="", name=str(path))
     said = (
         f"{path}: no tokenizer_config.json or GGUF beside it, so its bos_token and eos_token are empty"
