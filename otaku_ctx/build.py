@@ -407,15 +407,24 @@ def counter_for(settings: Settings) -> TokenCounter:
     return counter(m.tokenizer, m.server or settings.summarize.url, m.name or settings.summarize.model, use=m.use)
 
 
-def with_model(settings: Settings) -> Settings:
+def with_model(settings: Settings, *, ask_server: bool = True) -> Settings:
     """The settings with what `[model] use` (`--use`) gives, where the user set nothing of
     their own: the model's tokenizer, its chat template as the format, and its window — with
     `tokenizer = "server"`, the window the server enforces. A part the user set wins: given
-    on the command line, or in the config file as something other than its default."""
+    on the command line, or in the config file as something other than its default.
+
+    Exact by default: with no `use` and no tokenizer of the user's, a model server the user
+    named (`--server`, `[model] server` or `[summarize] url`) counts, when it has a tokenize
+    endpoint, and gives its window; OpenAI's cl100k_base counts only where no model is named
+    (or the server cannot count), and `inspect` says so. `ask_server=False` asks no server
+    for that (summarize's plan: a dry run contacts nobody, and a real run is checked against
+    the server's own answers)."""
     m = settings.model
     model: dict[str, Any] = {}
     prompt: dict[str, Any] = {}
     label = f"the model ({m.use})"
+    server = m.server or settings.summarize.url
+    name = m.name or settings.summarize.model
     if m.use:
         from .model.resolve import locate
 
@@ -426,11 +435,15 @@ def with_model(settings: Settings) -> Settings:
             prompt["format"] = template
         if not _user_set(settings, "model.window") and (window := files.window):
             model["window"] = window
+    elif server and ask_server and not _user_set(settings, "model.tokenizer"):
+        from .model.resolve import server_counts
+
+        if server_counts(server, name):
+            model["tokenizer"], label = "server", f"the server ({server})"
     if model.get("tokenizer", m.tokenizer) == "server" and not _user_set(settings, "model.window"):
         from .model.resolve import server_window
 
-        server = m.server or settings.summarize.url
-        if server and (window := server_window(server, m.name or settings.summarize.model)):
+        if server and (window := server_window(server, name)):
             model["window"], label = window, f"the server ({server})"
     if not model and not prompt:
         return settings

@@ -122,7 +122,9 @@ class ModelSettings:
         'token counter: "cl100k_base", "estimate" (len/4), "server", or a tokenizer file (docs/model.md)',
         "tokenizer",
     )
-    server: str = setting("", 'the model server `tokenizer = "server"` asks, e.g. http://127.0.0.1:8080', "text")
+    server: str = setting(
+        "", "the model server you run, e.g. http://127.0.0.1:8080; it counts when no tokenizer is set", "text"
+    )
     name: str = setting("", 'the "model" of openai-chat/openai-completion request bodies; "" = left out', "text")
     max_stop_strings: int = setting(
         4, "request bodies send at most this many stop strings (OpenAI: 4); 0 = all", "count"

@@ -77,7 +77,7 @@ class Llama(Dialect):
     def get(self, path: str) -> Any:
         if path == "/props":
             return {
-                "default_generation_settings": {"n_ctx": 2048, "params": {}},
+                "default_generation_settings": {"n_ctx": self.window, "params": {}},
                 "total_slots": 2,
                 "model_path": f"/models/{self.model}.gguf",
                 "build_info": "b4000-abc",
@@ -85,7 +85,7 @@ class Llama(Dialect):
                 "eos_token": "<|im_end|>",
             }
         if path == "/v1/models":
-            meta = {"n_vocab": 49152, "n_ctx": 2048, "size": 96576768}
+            meta = {"n_vocab": 49152, "n_ctx": self.window, "size": 96576768}
             return {"object": "list", "data": [{"id": f"{self.model}.gguf", "meta": meta}]}
         return None
 
@@ -95,6 +95,12 @@ class Llama(Dialect):
         if body.get("with_pieces"):
             return {"tokens": [{"id": t, "piece": "?"} for t in tokens]}
         return {"tokens": tokens}
+
+
+class RoomyLlama(Llama):
+    """llama.cpp with a window the examples fit in."""
+
+    window = 16384
 
 
 class Vllm(Dialect):
@@ -616,3 +622,58 @@ def test_a_second_ctx_build_sends_no_tokenize_request(serve: Any, capsys: pytest
     )
     assert code == 0 and f"server {server.url.removesuffix('/v1')} (llama.cpp, Smol-135M.gguf)" in out + err
     assert server.tokenized == asked
+
+
+# exact by default: a server the user named counts, with no tokenizer of their own ----------------
+
+
+def test_a_named_server_counts_by_default(serve: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Issue 26: `--server`, or `[summarize] url` in the config, with no tokenizer set, counts with
+    the server and takes its window; inspect then names the server's count, not OpenAI's."""
+    from conftest import CASE4, run
+
+    server = serve(RoomyLlama())
+    config = tmp_path / "config.toml"
+    config.write_text(f'[summarize]\nurl = "{server.url}"\n', encoding="utf-8")
+    for named in (("--server", server.url), ("--config", str(config))):
+        code, out, err = run(capsys, "inspect", CASE4, *named, "--json")
+        facts = json.loads(out)
+        assert code == 0, err
+        assert facts["tokenizer"].startswith("server ") and facts["tokenizer_is_the_models"], facts["tokenizer"]
+        assert facts["window"] == RoomyLlama.window, facts["window"]
+    assert server.tokenized > 0
+    code, out, _ = run(capsys, "inspect", CASE4, "--server", server.url)
+    assert code == 0 and "OpenAI's count" not in out
+
+
+def test_a_tokenizer_of_the_user_s_asks_the_server_nothing(serve: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from conftest import CASE4, run
+
+    server = serve(Llama())
+    code, out, err = run(capsys, "inspect", CASE4, "--server", server.url, "--tokenizer", "cl100k_base", "--json")
+    assert code == 0, err
+    assert json.loads(out)["tokenizer"] == "cl100k_base"
+    assert sum(server.seen.values()) == 0
+
+
+@pytest.mark.parametrize("dialect", [Ollama, Gateway])
+def test_a_named_server_that_cannot_count(
+    serve: Any, capsys: pytest.CaptureFixture[str], dialect: type[Dialect]
+) -> None:
+    """A server with no tokenize endpoint leaves OpenAI's count, and inspect says it is that."""
+    from conftest import CASE4, run
+
+    server = serve(dialect())
+    code, out, err = run(capsys, "inspect", CASE4, "--server", server.url)
+    assert code == 0, err
+    assert "OpenAI's count, not your model's" in out + err
+
+
+def test_a_named_server_that_is_down_says_how_to_count_without_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from conftest import CASE4, run
+
+    code, out, err = run(capsys, "build", CASE4, "--server", "http://127.0.0.1:9/v1")
+    assert code == ExitStatus.ERROR and out == ""
+    line = err.strip()
+    assert "\n" not in line and "ctx counts with the model server you named" in line
+    assert "--tokenizer cl100k_base" in line

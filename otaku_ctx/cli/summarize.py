@@ -110,8 +110,9 @@ def summoned(story: str, sidecar_given: str, settings: Settings, source_format: 
     sidecar = _sidecar(story, sidecar_given)
     told = read_story(story, source_format, (), conversation, story_bound(max_story_size), "none")
     records = read_sidecar(sidecar) if sidecar.is_file() else []
-    # counted as the configured model counts (`--tokenizer server`: as the summarizer's own server does)
-    prompts = prompts_of(settings.summarize, Pipeline(with_model(settings)).count)
+    # counted as the configured model counts (`--tokenizer server`: as the summarizer's own server does);
+    # the server is not asked to count unless told, so that a dry run contacts nobody
+    prompts = prompts_of(settings.summarize, Pipeline(with_model(settings, ask_server=False)).count)
     return Summoned(story, sidecar, told, records, prompts, settings)
 
 

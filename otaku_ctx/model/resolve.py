@@ -200,6 +200,22 @@ def server_counter(server: str, model: str = "", *, use: str = "") -> TokenCount
     return of_server(backend(server, model), count_cache(), model_controls(use) if use else ())
 
 
+def server_counts(server: str, model: str = "") -> bool:
+    """Whether the model server at `server` counts text through a tokenize endpoint ctx asks
+    (llama.cpp, vLLM, KoboldCpp, TabbyAPI; not Ollama or OpenAI's API). A server that is down
+    is an `Unreachable` that says ctx asked it to count, and how to count without it."""
+    from ..backend import Unreachable
+
+    try:
+        return backend(server, model).server().counts
+    except Unreachable as exc:
+        raise Unreachable(
+            exc.url,
+            f"{exc.problem} (ctx counts with the model server you named)",
+            "start it, or give --tokenizer cl100k_base to count with OpenAI's tokenizer instead",
+        ) from None
+
+
 def server_window(server: str, model: str = "") -> int | None:
     """The window the model server at `server` enforces (llama.cpp: its `n_ctx` a slot)."""
     return backend(server, model).window()
