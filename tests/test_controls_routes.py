@@ -86,3 +86,32 @@ def test_a_bare_jinja_takes_bos_eos_and_controls_from_a_file_beside_it_or_says_t
     assert code == 0 and err.count("no tokenizer_config.json or GGUF beside it") == 1
     code, _, err = run(capsys, "build", story(tmp_path / "s.jsonl", plain=True), "--format", by_gguf)
     assert code == 0 and "beside it" not in err
+
+
+BOS_TEMPLATE = "{{ bos_token }}" + TEMPLATE
+
+
+@pytest.mark.parametrize("adds", [True, False])
+@pytest.mark.parametrize("kind", ["gguf", "tokenizer_config"])
+def test_one_bos_whatever_counts(capsys: pytest.CaptureFixture[str], tmp_path: Path, kind: str, adds: bool) -> None:
+    """One BOS, always: a model whose server adds the BOS itself (a GGUF's add_bos_token, a
+    tokenizer_config.json's) gets a text prompt that does not spell it too, with the default
+    counter as with the model's own; one whose server adds none keeps the template's."""
+    if kind == "gguf":
+        fmt = write_gguf(
+            tmp_path / "tiny.gguf",
+            tiny_bpe(**{"tokenizer.chat_template": BOS_TEMPLATE, "tokenizer.ggml.add_bos_token": adds}),
+        )
+    else:
+        fmt = tmp_path / "tokenizer_config.json"
+        config = {"chat_template": BOS_TEMPLATE, "bos_token": "<|im_start|>", "add_bos_token": adds}
+        fmt.write_text(json.dumps(config), encoding="utf-8")
+    routes = [("--format", fmt), ("--format", fmt, "--emit", "openai-completion")]
+    if kind == "gguf":
+        routes.append(("--use", fmt))
+    for route in routes:
+        code, out, err = run(capsys, "build", story(tmp_path / "s.jsonl", plain=True), *route)
+        assert code == 0, err
+        prompt = json.loads(out)["prompt"] if "openai-completion" in route else out
+        assert prompt.startswith("<|im_start|>user\n") is adds, (route, prompt[:40])
+        assert prompt.startswith("<|im_start|><|im_start|>user\n") is not adds, (route, prompt[:40])

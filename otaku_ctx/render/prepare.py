@@ -57,6 +57,8 @@ class Prepared:
         renderer = PromptRenderer(variables, template, fmt, self.emit, reserve, bound, m.name, m.max_stop_strings)
         if count is not None and model:
             renderer = renderer.for_model(count)
+        elif fmt.server_bos:  # the format's model file says its server adds the BOS
+            renderer = replace(renderer, server_bos=fmt.server_bos)
         return replace(renderer, specials=specials) if specials else renderer
 
     def _for_model(self, specials: tuple[str, ...]) -> tuple[PromptTemplate, Format]:

@@ -72,16 +72,24 @@ def story(path: Path, spelled: list[str], plain: bool) -> Path:
     return path
 
 
-def count_controls(tool: str, gguf: Path, prompt: str, ids: dict[int, str], tmp_path: Path) -> int:
-    """The control tokens llama.cpp reads in `prompt` (special tokens parsed, as a server does)."""
+def read_ids(tool: str, gguf: Path, prompt: str, tmp_path: Path) -> list[int]:
+    """The tokens llama.cpp reads in `prompt` as a server reads a prompt: special tokens
+    parsed, and the BOS added when the vocabulary says to add one."""
     text = tmp_path / "prompt.txt"
     text.write_text(prompt, encoding="utf-8")
     done = subprocess.run(
-        [tool, "-m", str(gguf), "-f", str(text), "--ids", "--log-disable", "--no-bos"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [tool, "-m", str(gguf), "-f", str(text), "--ids", "--log-disable"], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    read = json.loads(done.stdout.strip().splitlines()[-1])
+    return list(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def count_controls(tool: str, gguf: Path, prompt: str, ids: dict[int, str], tmp_path: Path) -> int:
+    """The control tokens llama.cpp reads in `prompt`, and one BOS at most (one BOS, always)."""
+    read = read_ids(tool, gguf, prompt, tmp_path)
+    model = read_gguf(gguf)
+    if model.bos_id is not None:
+        assert read.count(model.bos_id) == int(model.add_bos), f"{read.count(model.bos_id)} BOS in {read[:8]}"
     return sum(1 for token in read if token in ids)
 
 

@@ -30,4 +30,7 @@ def read_gguf_template(path: Path, template: str | None = None, name: str | None
         )
     name = name or f"{path} (tokenizer.chat_template)"
     chat = template if template is not None else (model.chat_template or "")
-    return jinja_format(chat, bos=model.bos_text, eos=model.eos_text, name=name, controls=gguf_controls(model))
+    return jinja_format(
+        chat, bos=model.bos_text, eos=model.eos_text, name=name, controls=gguf_controls(model),
+        server_bos=model.bos_text if model.add_bos else "",
+    )  # fmt: skip

@@ -8,7 +8,7 @@ from pathlib import Path
 from .gguf import read_gguf_template
 from .model import Format, jinja_format
 from .reading import read_text
-from .tokenizer_config import config_controls, json_object, token_text
+from .tokenizer_config import config_format, json_object
 
 
 def read_jinja(path: Path) -> Format:
@@ -19,9 +19,7 @@ def read_jinja(path: Path) -> Format:
     template = read_text(path, "template")
     config = path.parent / "tokenizer_config.json"
     if config.is_file():
-        data = json_object(config, "instruct preset")
-        bos, eos = token_text(str(config), data, "bos_token"), token_text(str(config), data, "eos_token")
-        return jinja_format(template, bos=bos, eos=eos, name=str(path), controls=config_controls(data))
+        return config_format(template, str(config), json_object(config, "instruct preset"), str(path))
     ggufs = [p for p in sorted(path.parent.glob("*.gguf")) if p.is_file()]
     if len(ggufs) == 1:
         return read_gguf_template(ggufs[0], template, name=str(path))

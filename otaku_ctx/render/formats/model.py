@@ -101,6 +101,9 @@ class Format:
     # tokenizer_config.json's special added tokens): story text that spells one is broken up
     # in a text prompt whatever counts it (`Prepared.renderer`), not only with the model's counter.
     controls: tuple[str, ...] = field(default=(), repr=False)
+    # The BOS text a server running the format's model adds to every prompt itself (a GGUF's
+    # `add_bos_token`): a text prompt does not spell it too, whatever counts it (one BOS, always).
+    server_bos: str = field(default="", repr=False)
     note: str = field(default="", repr=False)  # what a build says of the format on stderr, once
     # The story's names (`bind`), not read from a file: `{{user}}`, `{{char}}`, and whether
     # more than one character speaks (a group chat, for names_behavior = "force").
@@ -135,12 +138,19 @@ def shown(text: str) -> str:
 
 
 def jinja_format(
-    template: str, *, bos: str | None, eos: str | None, name: str, controls: tuple[str, ...] = ()
+    template: str,
+    *,
+    bos: str | None,
+    eos: str | None,
+    name: str,
+    controls: tuple[str, ...] = (),
+    server_bos: str = "",
 ) -> Format:
     """A format whose text prompts are a model's own Jinja chat template rendered over the
     format's turns (`render.jinja`), with `bos` and `eos` as its `bos_token` and
     `eos_token` (None: undefined, as transformers leaves a token the tokenizer has not);
-    `controls` the model's control tokens (`Format.controls`);
+    `controls` the model's control tokens (`Format.controls`), `server_bos` the BOS its
+    server adds itself (`Format.server_bos`);
     `name` names it in errors ("model.gguf (tokenizer.chat_template)"). The
     template is compiled now, so one that is not valid Jinja is an error naming its line.
 
@@ -154,8 +164,9 @@ def jinja_format(
     check_template(template, name)
     stop = unique([eos or "", turn_end(template, name, bos=bos, eos=eos)])
     return Format(
-        name=name, chat_template=template, bos_token=bos, eos_token=eos, macro=False, stop=stop, controls=controls
-    )
+        name=name, chat_template=template, bos_token=bos, eos_token=eos, macro=False, stop=stop, controls=controls,
+        server_bos=server_bos,
+    )  # fmt: skip
 
 
 def unique(strings: Sequence[str]) -> tuple[str, ...]:

@@ -31,8 +31,16 @@ def tokenizer_config_format(path: Path, data: dict[str, Any]) -> Format:
         raise ConfigError(source, "chat_template", "missing: this model has no chat template; give another --format")
     if not isinstance(template, str) or not template.strip():
         raise ConfigError(source, "chat_template", f"expected a Jinja template (a string), got {template!r:.60}")
+    return config_format(template, source, data, f"{source} (chat_template)")
+
+
+def config_format(template: str, source: str, data: dict[str, Any], name: str) -> Format:
+    """`template` as a format named `name`, with what the tokenizer config `data` (read from
+    `source`) says of its model: the BOS and EOS texts, the control tokens, and the BOS its
+    server adds itself (`add_bos_token`: true; a config that does not say leaves it spelled)."""
     bos, eos = token_text(source, data, "bos_token"), token_text(source, data, "eos_token")
-    return jinja_format(template, bos=bos, eos=eos, name=f"{source} (chat_template)", controls=config_controls(data))
+    server_bos = (bos or "") if data.get("add_bos_token") is True else ""
+    return jinja_format(template, bos=bos, eos=eos, name=name, controls=config_controls(data), server_bos=server_bos)
 
 
 def config_controls(data: dict[str, Any]) -> tuple[str, ...]:
