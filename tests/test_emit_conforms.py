@@ -20,7 +20,7 @@ TEMPLATES = REPO / "tests" / "fixtures" / "chat-templates" / "templates"
 STORY = REPO / "examples" / "lighthouse-case3.jsonl"  # a head, then scene summaries (a system recap), then the tail
 
 
-@pytest.mark.parametrize("name", ["mistral-tekken", "gemma-2", "command-r"])
+@pytest.mark.parametrize("name", ["mistral-tekken", "gemma-2", "command-r", "nemotron-nano-v2"])
 @pytest.mark.parametrize("emit", ["messages", "openai-chat"])
 def test_the_messages_render_through_the_models_template(name: str, emit: str) -> None:
     template = TEMPLATES / f"{name}.jinja"
@@ -41,7 +41,7 @@ def test_the_messages_render_through_the_models_template(name: str, emit: str) -
     assert said and all(text in rendered for text in said)
 
 
-@pytest.mark.parametrize("name", ["mistral-tekken", "gemma-2", "command-r"])
+@pytest.mark.parametrize("name", ["mistral-tekken", "gemma-2", "command-r", "nemotron-nano-v2"])
 def test_the_text_prompt_through_the_same_template_renders_too(name: str) -> None:
     """The text path folds the same chat for the same template, with no error: the recap and
     every message of the tail stand in the prompt."""
@@ -50,3 +50,22 @@ def test_the_text_prompt_through_the_same_template_renders_too(name: str) -> Non
     built = build(open_story(STORY), settings)
     assert built.prompt is not None and built.assembly.case in (3, 4, 5)
     assert all(m.content.strip()[:40] in built.prompt for m in built.assembly.tail if m.content.strip())
+
+
+@pytest.mark.parametrize("emit", ["messages", "text"])
+def test_pricing_renders_only_chats_the_template_takes(emit: str, tmp_path: Path) -> None:
+    """Nemotron Nano v2's template fails on a chat of a system message alone, which pricing's
+    stand-in for the frame is when the open turn is not sent: the frame is priced with a blank
+    user turn after it (a little more), and the build stands, with the model's counter too."""
+    from gguf_files import tiny_bpe, write_gguf
+
+    template = TEMPLATES / "nemotron-nano-v2.jinja"
+    counter = write_gguf(tmp_path / "tiny.gguf", tiny_bpe())
+    for tokenizer in ("cl100k_base", str(counter)):
+        overrides = {
+            "prompt.format": (str(template), "test"),
+            "model.window": (4096 if tokenizer == "cl100k_base" else 16384, "test"),  # the tiny vocabulary: ~4x
+            "model.tokenizer": (tokenizer, "test"),
+        }
+        built = build(open_story(STORY), load_settings(overrides=overrides), emit=emit)
+        assert built.prompt is not None and built.assembly.case in (3, 4, 5), tokenizer

@@ -144,19 +144,47 @@ def render_messages(fmt: Format, blocks: Sequence[Block]) -> list[dict[str, str]
     template to the messages renders what the text prompt holds."""
     if not fmt.chat_template:
         return _messages(fmt, turns(fmt, blocks))
+    chats = template_chats(fmt, blocks)
+    if not any(m["role"] != "system" for m in chats[0][0]):
+        return chats[0][0]  # a frame alone, which no server is sent: pricing's stand-in
+    return _first_accepted(fmt, chats)[0]
+
+
+def _first_accepted(fmt: Format, chats: list[tuple[list[dict[str, str]], bool]]) -> tuple[list[dict[str, str]], str]:
+    """The first of `chats` the format's template accepts, and its rendering; the first
+    refusal when it accepts none. A chat whose system turn after the first user or assistant
+    turn (a recap) the template leaves out of its render (Nemotron Nano v2's renders only the
+    leading one) is not accepted either: the next fold makes it a user turn, which it keeps."""
     from ..jinja import TemplateRefusal, render_chat
 
     refusal: TemplateRefusal | None = None
-    for messages, continued in template_chats(fmt, blocks):
+    for messages, continued in chats:
         try:
-            render_chat(fmt.chat_template, messages, name=fmt.name, bos=fmt.bos_token, eos=fmt.eos_token,
-                        continue_final=continued)  # fmt: skip
+            rendered = render_chat(fmt.chat_template, messages, name=fmt.name, bos=fmt.bos_token,
+                                   eos=fmt.eos_token, continue_final=continued)  # fmt: skip
         except TemplateRefusal as exc:
             refusal = refusal or exc
             continue
-        return messages
+        if (left_out := _recap_left_out(messages, rendered)) is not None:
+            refusal = refusal or TemplateRefusal(
+                fmt.name, None, None, f"the template leaves out a system message in the chat ({left_out[:40]!r})"
+            )
+            continue
+        return messages, rendered
     assert refusal is not None
     raise refusal
+
+
+def _recap_left_out(messages: Sequence[dict[str, str]], rendered: str) -> str | None:
+    """The text of the first system message after the chat's first other turn that `rendered`
+    does not hold, else None."""
+    started = False
+    for message in messages:
+        started = started or message["role"] != "system"
+        text = message["content"].strip()
+        if started and message["role"] == "system" and text and text not in rendered:
+            return text
+    return None
 
 
 def _template_pieces(fmt: Format, blocks: Sequence[Block]) -> list[str]:
@@ -178,17 +206,19 @@ def _template_pieces(fmt: Format, blocks: Sequence[Block]) -> list[str]:
     examples/lighthouse-case4.jsonl at windows of 4,096 and 16,384 with ChatML's and Llama
     3.1's templates, the head and tail priced 2,629 and 5,967 tokens (ChatML) in one piece, a token
     more in pieces, against 2,590 and 5,876 counted, in 14-25 ms a build either way."""
-    from ..jinja import TemplateRefusal, render_chat
+    chats = template_chats(fmt, blocks)
+    if any(m["role"] != "system" for m in chats[0][0]):
+        return [_first_accepted(fmt, chats)[1]]
+    # A frame alone (pricing's stand-in: no server is sent a chat of no turn) is priced as the
+    # template renders it, or, for a template that cannot take a chat without a turn
+    # (Nemotron Nano v2's), with a blank user turn after it: a little more, never less.
+    from ...errors import TemplateError
 
-    template, name, bos, eos = fmt.chat_template, fmt.name, fmt.bos_token, fmt.eos_token
-    refusal: TemplateRefusal | None = None
-    for messages, continued in template_chats(fmt, blocks):
-        try:
-            return [render_chat(template, messages, name=name, bos=bos, eos=eos, continue_final=continued)]
-        except TemplateRefusal as exc:
-            refusal = refusal or exc
-    assert refusal is not None
-    raise refusal
+    try:
+        return [_first_accepted(fmt, chats)[1]]
+    except TemplateError:
+        blank = [(messages + [{"role": "user", "content": ""}], False) for messages, _ in chats]
+        return [_first_accepted(fmt, blank)[1]]
 
 
 def template_chats(fmt: Format, blocks: Sequence[Block]) -> list[tuple[list[dict[str, str]], bool]]:
