@@ -10,10 +10,11 @@ import copy
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout, suppress
+from functools import cache
 from io import StringIO, TextIOWrapper
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -118,7 +119,7 @@ def _run(argv: list[str], io: Terminal, debug: bool) -> int:
     try:
         # Typer reports usage errors and help itself, on sys.stdout/sys.stderr, and ends with SystemExit.
         with _typer_streams(io):
-            app_for(argv, io.environ)(args=argv, prog_name="ctx", standalone_mode=True)
+            command_for(app_for(argv, io.environ))(args=argv, prog_name="ctx", standalone_mode=True)
     except OtakuError as exc:
         if debug:
             raise
@@ -162,6 +163,21 @@ def app_for(argv: list[str], environ: dict[str, str]) -> typer.Typer:
     narrow.registered_commands = chosen
     narrow.registered_groups = []
     return narrow
+
+
+def command_for(chosen: typer.Typer) -> Callable[..., Any]:
+    """The Click command of `app_for`'s choice: the whole app's, or one command's, made once a
+    process (a test run calls `main` thousands of times) — a Click command keeps no state of a
+    run, which lives in the context each call makes."""
+    if chosen is app:
+        return app
+    (command,) = chosen.registered_commands
+    return _command(command.name or "")
+
+
+@cache
+def _command(name: str) -> Callable[..., Any]:
+    return typer.main.get_command(app_for([name], {}))
 
 
 @contextmanager
