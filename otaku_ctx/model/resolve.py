@@ -224,11 +224,12 @@ def server_window(server: str, model: str = "") -> int | None:
 @lru_cache(maxsize=4)
 def backend(server: str, model: str) -> Backend:
     """One `Backend` a server and model in a run: the window and the counter ask the same one,
-    so the server is found out once."""
-    from ..backend import Backend, BadURL
+    so the server is found out once. One retry after a short wait, as serve's: a build that
+    counts with a server that is down says so at once (the default's three took 7 s)."""
+    from ..backend import Backend, BadURL, Retry
     from ..errors import UsageError
 
     try:
-        return Backend(server, model)
+        return Backend(server, model, retry=Retry(attempts=1, backoff=0.25))
     except BadURL as exc:  # a URL no request can be sent to is a usage error, named by the setting
         raise UsageError("--server", "model.server", str(exc)) from None
