@@ -19,19 +19,20 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "otaku_ctx"
 
-FOUNDATION = {"status", "errors", "locations", "files", "tokens"}
+FOUNDATION = {"status", "errors", "locations", "files", "tokens", "jsonload"}
 # stage -> the stages it may import (besides itself). Lowest first: file -> Story -> lore ->
 # assembly -> settings -> template engine -> render -> build, replay, report -> CLI.
 STAGES: dict[str, set[str]] = {
     "status": set(),
     "errors": {"status"},
     "locations": set(),
+    "jsonload": set(),  # the one guarded reader of untrusted JSON: files, stories, servers' replies
     "files": {"errors", "status"},
     "tokens": {"errors", "status"},
-    "backend": {"errors", "status"},  # the one HTTP client for the user's model server
+    "backend": {"errors", "status", "jsonload"},  # the one HTTP client for the user's model server
     # the model the user runs: its files (GGUF, tokenizer.json, Mistral's), its server's tokenizer
     "model": FOUNDATION | {"backend"},
-    "story": {"errors", "status", "files"},
+    "story": {"errors", "status", "files", "jsonload"},
     "lore": {"story"},
     "assemble": {"story"},
     "config": {"errors", "status", "locations", "tokens", "lore", "assemble"},

@@ -17,10 +17,10 @@ from stories import chunk, png
 
 from otaku_ctx import tokens
 from otaku_ctx.errors import StoryError
+from otaku_ctx.jsonload import JSONProblem, loads
 from otaku_ctx.story import cards
 from otaku_ctx.story.cards import read_card
 from otaku_ctx.story.detect import check_story, read_story
-from otaku_ctx.story.jsonload import JSONProblem, loads
 
 MESSAGE = '{"role": "user", "content": "Hi"}'
 

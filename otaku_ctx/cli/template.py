@@ -67,7 +67,7 @@ def render_cmd(
 def _read_vars(path: Path) -> dict[str, Any]:
     from ..errors import ConfigError
     from ..files import read_input, utf8_text
-    from ..story.jsonload import JSONProblem, loads
+    from ..jsonload import JSONProblem, loads
 
     where = str(path)
     if not os.path.lexists(path.expanduser()):

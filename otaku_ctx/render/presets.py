@@ -50,7 +50,7 @@ from ..errors import ConfigError, TemplateError
 from ..files import read_input, utf8_text
 from ..hbs import Template
 from ..hbs.blocks import Block
-from ..story.jsonload import JSONProblem, loads
+from ..jsonload import JSONProblem, loads
 from ..story.model import Role
 from .formats import Format, bind, example_text, stop_sequences
 

@@ -31,7 +31,7 @@ from ..backend import Backend, BackendError, NoTokenizer, Retry, TimedOut
 from ..build import counter_for, with_model
 from ..config import ModelSettings, Settings
 from ..errors import ConfigError, OtakuError
-from ..story.jsonload import JSONProblem, loads
+from ..jsonload import JSONProblem, loads
 from ..story.model import Story
 from ..tokens import TokenCounter
 from .assemble import Assembled, assemble_chat

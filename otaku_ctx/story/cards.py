@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import StoryError
 from ..files import BOUNDS, read_input
-from .jsonload import JSONProblem, loads
+from ..jsonload import JSONProblem, loads
 from .model import Card, Message, Story
 from .worldinfo import card_book_entries
 

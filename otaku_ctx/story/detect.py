@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import StoryError
 from ..files import reading, refuse_utf16
-from .jsonload import JSONProblem, loads
+from ..jsonload import JSONProblem, loads
 from .model import Story
 from .native import Problem, check_native, read_native
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import StoryError
 from ..files import reading
-from .jsonload import JSONProblem, QuickError, loads, quick_loads
+from ..jsonload import JSONProblem, QuickError, loads, quick_loads
 from .model import ROLES, Card, Lore, LoreEntry, Message, Scene, Story, StoryInfo
 from .worldinfo import entry_from_world_info
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoryError
-from .jsonload import JSONProblem, loads
+from ..jsonload import JSONProblem, loads
 from .model import Story
 from .native import parse_lines, read_lines
 

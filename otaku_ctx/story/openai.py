@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoryError
-from .jsonload import JSONProblem, raw_decode
+from ..jsonload import JSONProblem, raw_decode
 from .model import Story
 from .native import Problem, parse_records, read_lines, read_records
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..errors import StoryError
 from ..files import read_input, utf8_text
-from .jsonload import JSONProblem, loads
+from ..jsonload import JSONProblem, loads
 from .model import Message, Scene, Story
 
 SUFFIX = ".ctx-summaries"

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import StoryError
-from .jsonload import JSONProblem, loads
+from ..jsonload import JSONProblem, loads
 from .model import Message, Scene, Story, StoryInfo
 from .native import read_lines, uncollected
 

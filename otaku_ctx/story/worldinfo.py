@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import StoryError
 from ..files import read_input
-from .jsonload import JSONProblem, loads
+from ..jsonload import JSONProblem, loads
 from .model import LORE_POSITIONS, LORE_ROLES, SELECTIVE_LOGICS, LoreEntry, LorePosition
 
 if TYPE_CHECKING:

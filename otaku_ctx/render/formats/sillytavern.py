@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
-from ...story.jsonload import JSONProblem, loads
+from ...jsonload import JSONProblem, loads
 from .model import BOOL_FIELDS, NAME_MACRO, STR_FIELDS, Format
 from .reading import expect_str, make_format, read_text
 from .tokenizer_config import is_tokenizer_config, tokenizer_config_format

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
-from ...story.jsonload import JSONProblem, loads
+from ...jsonload import JSONProblem, loads
 from .model import Format, jinja_format
 from .reading import read_text
 
