@@ -16,6 +16,17 @@ Figures on this machine (2 cores, shared; 2026-12-02, one run each), wall s / pe
 
 Every case under 6 s and 120 MB, pytest's own start included (issue 28 asks 10 s and 1 GB).
 
+"60MB", the issue's "also found" 60 MB reply of `[{},{},…]` (20 million dicts), as a reply's
+body (`Backend.chat`) and as the JSON in a summary reply's text (`ctx summarize`), the
+stand-in server in the same process holding its own copies (2026-12-02, wall s / peak MB):
+
+    before  3.4 / 1614   (the body alone: decoded whole, then "not a JSON object"; the test
+                          stops there. Alone, outside pytest: the body 1.62 GB / 5.9 s, an
+                          error body holding it 3.19 GB / 6.9 s, the reply's text 1.62 GB / 3.0 s)
+    after   2.5 / 432    (both refused before a byte is decoded: more than 4,000,000 items in
+                          the body, more than 10,000 in the reply's text; outside pytest the
+                          body 208 MB / 0.6 s, the error body 269 MB / 0.7 s)
+
 Benchmarks report figures; no test asserts a time.
 """
 
@@ -74,6 +85,8 @@ CASES: dict[str, list[str]] = {
     "16": [f"{R4}::test_a_sidecar_no_run_could_write_is_refused_before_the_first_request"],
     "17": [f"{R4}::test_a_lone_surrogate_in_a_reply_never_reaches_the_sidecar"],
     "18": [f"{R4}::test_an_ollama_manifest_or_blob_that_is_a_device"],
+    # "also found": 60 MB of [{},{},…] as a reply's body and as the JSON in a summary reply's text
+    "60MB": [f"{R4}::test_the_issues_60_mb_reply_of_empty_objects_is_one_line"],
 }
 
 

@@ -442,11 +442,114 @@ def test_a_reply_nested_100_000_deep_is_a_bad_reply(server: StandIn) -> None:
     assert str(probed.value).startswith(f"{server.url.removesuffix('/v1')}/tokenize: ")
 
 
-def test_a_reply_whose_text_nests_100_000_deep_is_one_line_naming_the_url(tmp_path: Path, summarizer: Any) -> None:
-    summarizer.replies = ['{"summary": ' + "[" * 100_000]
+@pytest.mark.parametrize(
+    ("depth", "said"),
+    [
+        (5_000, "a reply whose JSON nests too deep"),  # past what json recurses into
+        (100_000, "a reply whose text holds JSON of more than 10,000 items"),  # refused before it is read
+    ],
+)
+def test_a_reply_whose_text_nests_100_000_deep_is_one_line_naming_the_url(
+    tmp_path: Path, summarizer: Any, depth: int, said: str
+) -> None:
+    summarizer.replies = ['{"summary": ' + "[" * depth]
     code, out, err, _ = summarize_chat(tmp_path, summarizer)
     assert (code, out) == (ExitStatus.ERROR, "")
-    assert one_line(err).startswith(f"ctx: {summarizer.url}/chat/completions: a reply whose JSON nests too deep")
+    assert one_line(err).startswith(f"ctx: {summarizer.url}/chat/completions: {said}")
+
+
+# -- also found: a 60 MB reply of [{},{},…] took 1.66 GB and 22 s to decode --------------------
+
+# the issue's shape at a tenth of its size: 4.2 million items (each `{` and `,`), 6.3 MB
+MANY = b"[" + b"{}," * 2_100_000 + b"{}]"
+TOO_MANY = "a reply whose JSON holds more than 4,000,000 items (values, keys and containers); no answer holds so many"
+ANSWER = {"choices": [{"message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}]}
+
+
+def _with_junk(answer: dict[str, Any], junk: bytes) -> bytes:
+    """`answer` as JSON with one more member, `"junk"`, holding `junk` as it is."""
+    return json.dumps(answer).encode()[:-1] + b', "junk": ' + junk + b"}"
+
+
+def test_a_reply_of_more_items_than_any_answer_is_refused_naming_the_url(server: StandIn) -> None:
+    """A chat reply, a tokenize reply (a probe) and an error body, each an answer with millions of
+    `{}` beside it: the first two are a bad reply naming the URL, the error body's words are
+    shown as they are (cut to one line), and none of them is decoded."""
+    from otaku_ctx.backend import Backend, BadReply, Retry, ServerError
+    from otaku_ctx.backend.failures import QUOTE
+
+    backend = Backend(server.url, "m", timeout=30, connect_timeout=5, retry=Retry(attempts=0))
+    asked = {"role": "user", "content": "Hi"}
+    server.answer(reply(200, _with_junk(ANSWER, MANY)))
+    with pytest.raises(BadReply) as caught:
+        backend.chat([asked], max_tokens=8, temperature=0.2)
+    assert str(caught.value).startswith(f"{server.url}/chat/completions: {TOO_MANY}: ")
+    server.answer(reply(200, _with_junk({"tokens": [1, 2]}, MANY)))
+    with pytest.raises(BadReply) as probed:
+        backend.tokenize("Hi")
+    assert str(probed.value).startswith(f"{server.url.removesuffix('/v1')}/tokenize: {TOO_MANY}")
+    server.answer(reply(500, _with_junk({"error": {"message": "the server is busy"}}, MANY)))
+    with pytest.raises(ServerError) as error:
+        backend.chat([asked], max_tokens=8, temperature=0.2)
+    said = str(error.value)
+    assert said.startswith(f'{server.url}/chat/completions: 500 Internal Server Error: {{"error": {{"message": "the')
+    assert "\n" not in said and "[{},{},{}" in said and len(said) < 2 * QUOTE + 100
+
+
+def test_a_fair_reply_whose_text_is_full_of_braces_is_read(server: StandIn) -> None:
+    """5 million braces, commas and quotes, every one in the reply's text: the rough count is
+    past the bound, the exact one (strings left out) is not."""
+    from otaku_ctx.backend import Backend, Retry
+
+    text = '{}",' * 2_500_000
+    server.answer(reply(200, {**ANSWER, "choices": [{**ANSWER["choices"][0], "message": {"content": text}}]}))
+    backend = Backend(server.url, "m", timeout=30, connect_timeout=5, retry=Retry(attempts=0))
+    assert backend.chat([{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0.2).text == text
+
+
+def test_a_reply_s_text_of_more_items_than_asked_is_one_line_naming_the_url(tmp_path: Path, summarizer: Any) -> None:
+    """The JSON asked for holds five items (a title and a summary); 12,000 is a server that
+    ignored the schema and `max_tokens`, refused before its text is decoded."""
+    summarizer.replies = ['{"summary": [' + "{}," * 6_000 + "{}]}"]
+    code, out, err, _ = summarize_chat(tmp_path, summarizer)
+    assert (code, out) == (ExitStatus.ERROR, "")
+    assert one_line(err).startswith(
+        f"ctx: {summarizer.url}/chat/completions: a reply whose text holds JSON of more than 10,000 items;"
+        " the JSON asked holds five: "
+    )
+
+
+def test_the_work_on_a_reply_s_text_is_bounded_by_its_size() -> None:
+    """A reply cut off mid-way is closed a character at a time: only up to 1 MiB of characters
+    (`REPAIRED`; a reply cut at `max_tokens` is a few thousand tokens). A text is prose by its
+    first 1,000 words (`LOOKED`): a reply may be 64 MiB of them."""
+    from otaku_ctx.summarize.replies import field_of, usable
+
+    cut = '{"title": "T", "summary": "' + "Mara climbs the tower stairs. " * 1_000
+    assert field_of(cut, "summary") == "Mara climbs the tower stairs. " * 999 + "Mara climbs the tower stairs."
+    longer = cut + "Mara climbs the tower stairs. " * ((1 << 20) // 30)
+    assert len(longer) > 1 << 20 and field_of(longer, "summary") is None
+    assert usable("1 " * 997 + "Mara climbs stairs") == "1 " * 997 + "Mara climbs stairs"
+    assert usable("1 " * 1_000 + "Mara climbs stairs") is None
+
+
+@pytest.mark.deep
+def test_the_issues_60_mb_reply_of_empty_objects_is_one_line(server: StandIn, tmp_path: Path, summarizer: Any) -> None:
+    """The issue's own case, 60 MB of `[{},{},…]` (20 million dicts): as the reply's body, a
+    bad reply naming the URL; as the JSON in a summary reply's text, the same from ctx
+    summarize. benchmarks/hostile_bounds.py measures it."""
+    from otaku_ctx.backend import Backend, BadReply, Retry
+
+    issue = b"[" + b"{}," * 20_000_000 + b"{}]"
+    server.answer(reply(200, issue))
+    backend = Backend(server.url, "m", timeout=60, connect_timeout=5, retry=Retry(attempts=0))
+    with pytest.raises(BadReply) as caught:
+        backend.chat([{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0.2)
+    assert str(caught.value).startswith(f"{server.url}/chat/completions: {TOO_MANY}: ")
+    summarizer.replies = ['{"summary": ' + issue.decode() + "}"]
+    code, out, err, _ = summarize_chat(tmp_path, summarizer)
+    assert (code, out) == (ExitStatus.ERROR, "")
+    assert one_line(err).startswith(f"ctx: {summarizer.url}/chat/completions: a reply whose text holds JSON of more")
 
 
 # -- #16: a sidecar path summarize can never write -------------------------------------------

@@ -16,7 +16,8 @@ from importlib import metadata
 from typing import Any
 from urllib.parse import quote
 
-from .failures import TOO_DEEP, BackendError, BadReply, BadURL, KeyMissing, NoTokenizer, classify
+from ..jsonload import JSONProblem, TooDeep, TooMany, loads
+from .failures import TOO_DEEP, TOO_MANY, BackendError, BadReply, BadURL, KeyMissing, NoTokenizer, classify
 from .servers import OPENAI, SERVERS, WINDOWS, LlamaCpp, Server, ServerKind
 from .transport import Answer, Retry, Transport, split_url, without_credentials
 
@@ -54,6 +55,19 @@ def unicode_text(text: str) -> str:
     """`text` with each lone surrogate (JSON's `\\ud800` with no pair: not Unicode, and no
     UTF-8 file can hold it) replaced by U+FFFD, so a broken reply never reaches a file."""
     return _SURROGATE.sub("\ufffd", text)
+
+
+def decoded(body: bytes, url: str) -> Any:
+    """A reply's JSON, by the one guarded reader: JSON past what any reply holds (nested past
+    reading, more items than `jsonload.MAX_ITEMS`) is a `BadReply` naming `url`, refused
+    before it is decoded; JSON that is only broken is the caller's `JSONProblem`. A lone
+    surrogate escape is kept, for `unicode_text` to replace."""
+    try:
+        return loads(body, surrogates=True)
+    except TooDeep:
+        raise BadReply(url, TOO_DEEP) from None
+    except TooMany:
+        raise BadReply(url, TOO_MANY) from None
 
 
 def _integer(value: object) -> int | None:
@@ -220,11 +234,9 @@ class Backend:
         if not 200 <= answer.status < 300:
             return None
         try:
-            data = json.loads(answer.body)
-        except ValueError:
+            data = decoded(answer.body, self.transport.url(path))
+        except JSONProblem:
             return None
-        except RecursionError:
-            raise BadReply(self.transport.url(path), TOO_DEEP) from None
         return data if isinstance(data, dict) else None
 
     # reading the answers ------------------------------------------------------------------------
@@ -254,11 +266,9 @@ class Backend:
         if typed and typed != "application/json" and not typed.endswith("+json"):
             raise BadReply(url, f"a reply of type {typed}, not JSON")
         try:
-            data = json.loads(answer.body)
-        except ValueError as error:
-            raise BadReply(url, f"a reply that is not JSON ({error})") from None
-        except RecursionError:
-            raise BadReply(url, TOO_DEEP) from None
+            data = decoded(answer.body, url)
+        except JSONProblem as error:
+            raise BadReply(url, f"a reply that is not JSON ({error.message})") from None
         if not isinstance(data, dict):
             raise BadReply(url, "a reply that is not a JSON object")
         return data

@@ -9,11 +9,16 @@ import re
 from typing import Any, NamedTuple
 
 from ..errors import OtakuError
+from ..jsonload import MAX_ITEMS, JSONProblem, loads
 
 #: the longest piece of the server's own message quoted in ours
 QUOTE = 240
 #: what a reply nested past Python's recursion limit is (`json` raises RecursionError on one)
 TOO_DEEP = "a reply whose JSON nests too deep to read (thousands of brackets inside each other)"
+#: what a reply holding more JSON items than any answer is (`[{},{},…]` to the 64 MiB cap)
+TOO_MANY = (
+    f"a reply whose JSON holds more than {MAX_ITEMS:,} items (values, keys and containers); no answer holds so many"
+)
 
 
 class BackendError(OtakuError):
@@ -121,8 +126,8 @@ class ServerSays(NamedTuple):
 def what_the_server_said(body: bytes) -> ServerSays:
     text = body.decode("utf-8", "replace")
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):  # not JSON, or nested past reading: its words as they are
+        data = loads(text, surrogates=True)
+    except JSONProblem:  # not JSON, or JSON past reading (too deep, too many items): its words as they are
         return ServerSays(one_line(text), "", "", {})
     if not isinstance(data, dict):
         return ServerSays(one_line(text), "", "", {})
@@ -138,9 +143,20 @@ def what_the_server_said(body: bytes) -> ServerSays:
     return ServerSays(one_line(error if isinstance(error, str) else json.dumps(error)), "", "", data)
 
 
+_WORD = re.compile(r"\S+")
+
+
 def one_line(text: str) -> str:
-    """The server's words on one line, cut at `QUOTE` characters."""
-    text = " ".join(text.split())
+    """The server's words on one line, cut at `QUOTE` characters. Only the words shown are
+    looked at: an error body may be 64 MiB of them."""
+    words, size = [], 0
+    for found in _WORD.finditer(text):
+        start = found.start()
+        words.append(text[start : min(found.end(), start + QUOTE + 1)])
+        size += len(words[-1]) + 1
+        if size > QUOTE + 1:  # the words so far are past QUOTE: the rest is cut anyway
+            break
+    text = " ".join(words)
     return text if len(text) <= QUOTE else text[: QUOTE - 1] + "…"
 
 

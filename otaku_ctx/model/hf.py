@@ -851,13 +851,13 @@ def _text(file: Path) -> str:
 def _bos_text(folder: Path, tokenizer: Any) -> str:
     """The BOS text of a Hugging Face model: tokenizer_config.json's `bos_token`, when the
     folder has one, else the first token the post-processor adds (a Llama 3 `<|begin_of_text|>`)."""
-    import json
+    from ..jsonload import loads
 
     config = folder / "tokenizer_config.json"
     if config.is_file():
         try:
-            bos = json.loads(_text(config)).get("bos_token")
-        except (OtakuError, ValueError, AttributeError, RecursionError):
+            bos = loads(_text(config)).get("bos_token")
+        except (OtakuError, ValueError, AttributeError):  # ValueError: jsonload's JSONProblem
             bos = None
         if isinstance(bos, dict):
             bos = bos.get("content")

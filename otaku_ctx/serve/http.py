@@ -31,7 +31,7 @@ from ..backend import Backend, BackendError, NoTokenizer, Retry, TimedOut
 from ..build import counter_for, with_model
 from ..config import ModelSettings, Settings
 from ..errors import ConfigError, OtakuError
-from ..jsonload import JSONProblem, loads
+from ..jsonload import JSONProblem, TooMany, loads
 from ..story.model import Story
 from ..tokens import TokenCounter
 from .assemble import Assembled, assemble_chat
@@ -195,8 +195,10 @@ class Service:
             data = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise TooLarge(bound) from None
-        try:  # orjson when there (a 10,000-message chat: 4 ms, not 15), guarded against deep nesting
+        try:  # orjson when there (a 10,000-message chat: 4 ms, not 15), guarded: nesting, items, numbers
             body = loads(data)
+        except TooMany as why:
+            raise ChatError(f"the request body is {why.message}") from None
         except JSONProblem as why:
             raise ChatError(f"the request body is not JSON ({why.message})") from None
         if not isinstance(body, dict):
@@ -293,8 +295,8 @@ class Service:
         usage = Usage()
         if answer.status == 200:
             try:
-                usage.read(json.loads(data))
-            except ValueError:
+                usage.read(loads(data, surrogates=True))
+            except JSONProblem:  # passed on as it came; only its usage is not known
                 pass
             done(usage)
         return web.Response(body=data, status=answer.status, content_type=answer.content_type or "application/json")

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from ..jsonload import JSONProblem, loads
 
 #: the chats `/ctx/stats` remembers (the least recently seen forgotten first), and turns a chat
 MOST_CHATS = 1000
@@ -65,8 +66,8 @@ class StreamUsage(Usage):
                 self.finished = True
                 continue
             try:
-                self.read(json.loads(line[5:]))
-            except ValueError:
+                self.read(loads(line[5:], surrogates=True))
+            except JSONProblem:
                 continue
 
 

@@ -22,7 +22,6 @@ from typing import Any
 
 from ..backend import Backend, BadReply, ContextTooLong, FormatRefused, Reply
 from ..backend.client import unicode_text
-from ..backend.failures import TOO_DEEP
 from ..errors import OtakuError
 from ..story.model import Scene, Story
 from ..story.sidecar import Record, covers, history_basis, judge, sha, sketch
@@ -30,7 +29,7 @@ from ..tokens import TokenCounter
 from . import checks
 from .extract import EXTRACT, history_extract, summary_extract
 from .prompts import PLACEHOLDERS, Prompt
-from .replies import TooDeep, bounded, field_of, json_object
+from .replies import Unreadable, bounded, field_in, json_object
 from .spans import Cutting, Span, fitted, pack, why_cut
 
 DEFAULT_WINDOW = 8192  # when neither --window, the config nor the server says
@@ -397,12 +396,14 @@ class Asker:
         """(the reply's field `name`, its title), each bounded: a reply may run far past
         `max_tokens` (a server that ignores it), and no more than the JSON schema's `maxLength`
         of it is taken (`replies.bounded`). A lone surrogate the JSON in it spells (`\\ud800`) is
-        U+FFFD, as in the reply itself; JSON nested past reading is the server's bad reply."""
+        U+FFFD, as in the reply itself; JSON nested past reading, or of more items than what was
+        asked could hold, is the server's bad reply. The JSON is read once, for both."""
         try:
-            text = field_of(reply.text, name)
-            title = (json_object(reply.text) or {}).get("title") if name == "summary" else None
-        except TooDeep:
-            raise BadReply(reply.url or "the server", TOO_DEEP) from None
+            found = json_object(reply.text)
+        except Unreadable as why:
+            raise BadReply(reply.url or "the server", str(why)) from None
+        text = field_in(reply.text, found, name)
+        title = (found or {}).get("title") if name == "summary" else None
         text = bounded(unicode_text(text), words * CHARS_PER_WORD) if text else text
         return text, bounded(unicode_text(title.strip()), TITLE_CHARS) if isinstance(title, str) else ""
 
