@@ -50,6 +50,20 @@ def test_deep_nesting_is_one_error_with_its_line(tmp_path: Path, depth: int) -> 
     assert [(p.line, "nested" in p.message) for p in problems] == [(2, True)]
 
 
+def test_a_line_of_millions_of_items_is_one_error_with_its_line(tmp_path: Path) -> None:
+    """4.2 million items in a 6.3 MB line (a 60 MB one was 1.9 GB decoded, and "ok"): refused,
+    by the line, before it is decoded."""
+    many = '{"role": "user", "content": "x", "meta": [' + "{}," * 2_100_000 + "{}]}"
+    path = story(tmp_path, MESSAGE, many, MESSAGE)
+    err = error_of(path)
+    assert (err.line, err.message) == (
+        2,
+        "JSON of more than 4,000,000 items (values, keys and containers), far past any ctx reads",
+    )
+    kind, problems = check_story(path)
+    assert [p.line for p in problems] == [2]
+
+
 def test_deep_nesting_in_an_openai_array(tmp_path: Path) -> None:
     path = tmp_path / "a.json"
     path.write_text('[\n{"role": "user", "content": "a"},\n' + "[" * 5000 + "]" * 5000 + "\n]\n")

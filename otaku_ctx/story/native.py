@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import StoryError
 from ..files import reading
-from ..jsonload import JSONProblem, QuickError, loads, quick_loads
+from ..jsonload import MAX_ITEMS, JSONProblem, QuickError, loads, quick_loads
 from .model import ROLES, Card, Lore, LoreEntry, Message, Scene, Story, StoryInfo
 from .worldinfo import entry_from_world_info
 
@@ -328,18 +328,25 @@ def _decoded(lines: Iterable[tuple[int, str | bytes]], problems: list[Problem]) 
     """Yield (line number, decoded JSON) of each non-blank line; a line that does not decode
     is reported in `problems` (with its line and column) and skipped. Each line goes to the
     quick decoder first: no line it accepts is blank, and what it refuses (a blank line, a
-    broken one, or one only the careful decoder reads) is looked at again."""
+    broken one, or one only the careful decoder reads) is looked at again. A line long enough
+    to hold more items than `loads` decodes (`MAX_ITEMS`, one character each) goes to `loads`
+    alone, which counts them first."""
     for number, text in lines:
-        try:
-            obj = quick_loads(text)
-        except QuickError:
-            if text.isspace() or not text:
-                continue
+        if len(text) < MAX_ITEMS:
             try:
-                obj = loads(text)
-            except JSONProblem as exc:
-                problems.append(Problem(number, exc.message))
+                obj = quick_loads(text)
+            except QuickError:
+                pass
+            else:
+                yield number, obj
                 continue
+        if text.isspace() or not text:
+            continue
+        try:
+            obj = loads(text)
+        except JSONProblem as exc:
+            problems.append(Problem(number, exc.message))
+            continue
         yield number, obj
 
 
