@@ -344,8 +344,8 @@ def _offset(stream: BinaryIO) -> int:
 # -- writing ----------------------------------------------------------------------------------
 
 
-def write_atomic(path: Path | str, text: str) -> None:
-    """Write UTF-8 text to `path` through a temp file in the same directory and a rename.
+def write_atomic(path: Path | str, text: str | bytes) -> None:
+    """Write UTF-8 text (or bytes) to `path` through a temp file in the same directory and a rename.
 
     Readers see the old file or the new one, never half of it; on any failure, a signal
     turned into an exception included, the temp file is removed and the old file stays as
@@ -370,7 +370,7 @@ def write_atomic(path: Path | str, text: str) -> None:
         raise _unwritable(path, exc, folder=True) from None
     try:
         with os.fdopen(descriptor, "wb") as handle:
-            handle.write(text.encode("utf-8"))
+            handle.write(text if isinstance(text, bytes) else text.encode("utf-8"))
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temp, mode)

@@ -182,3 +182,28 @@ def test_a_number_of_5000_digits_in_a_config_json(tmp_path: Path) -> None:
         f"ctx: {model / 'config.json'}: holds a number of more than 4,300 digits;"
         " fix the file, or name the part yourself\n"
     )
+
+
+# -- also found: a GGUF of a 2M-token vocabulary took 736 MB and 25 s (6 GB at the 16M cap) ----
+
+
+def test_the_conversion_takes_the_merges_as_the_gguf_holds_them(tmp_path: Path) -> None:
+    """A merge of one space is `tokenizers`' own spelling of the pair llama.cpp splits it into:
+    the GGUF's strings go through as they are (a million pairs were 170 MB in Python, and as
+    much again in `tokenizers`). A merge of a token that holds a space goes as pairs, all of
+    them, since `tokenizers` reads one spelling a file."""
+    from gguf_files import MERGES, tiny_bpe, write_gguf
+
+    from otaku_ctx.model.gguf import read_gguf
+
+    plain = read_gguf(write_gguf(tmp_path / "plain.gguf", tiny_bpe()))
+    assert hf.gguf_tokenizer_json(plain)["model"]["merges"] == MERGES
+    spaced = tiny_bpe()
+    spaced["tokenizer.ggml.tokens"] = [*spaced["tokenizer.ggml.tokens"], "y z", "xy z"]  # type: ignore[misc]
+    spaced["tokenizer.ggml.token_type"].raw[1].extend([1, 1])  # type: ignore[attr-defined]
+    spaced["tokenizer.ggml.merges"] = [*MERGES, "x y z"]
+    model = read_gguf(write_gguf(tmp_path / "spaced.gguf", spaced))
+    pairs = hf.gguf_tokenizer_json(model)["model"]["merges"]
+    assert pairs == [m.split(" ", 1) for m in MERGES] + [["x", "y z"]]
+    text = "the hand and the well, then in"
+    assert hf.gguf_counter(model.path).ids(text) == hf.gguf_counter(plain.path).ids(text)  # either spelling

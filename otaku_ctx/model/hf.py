@@ -635,27 +635,30 @@ def llama_cpp_types(model: Gguf, vocab: dict[str, int], types: list[int], *, str
     return types
 
 
-def _merges(where: str, merges: tuple[str, ...], vocab: dict[str, int]) -> list[list[str]]:
-    """The merges as pairs, split as llama.cpp splits them (at the first space after the first
-    byte), a pair given twice kept at its first rank. A merge of tokens the vocabulary lacks, or
-    whose result it lacks, is one llama.cpp would make and then spell out in bytes, which a
-    `tokenizers` BPE cannot express: refused."""
-    pairs: list[list[str]] = []
-    seen: set[tuple[str, str]] = set()
-    for rank, merge in enumerate(merges):
+def _merges(where: str, merges: tuple[str, ...], vocab: dict[str, int]) -> list[str] | list[list[str]]:
+    """The merges as `tokenizers` reads them, split as llama.cpp splits them (at the first space
+    after the first byte), a merge given twice kept at its first rank. A merge of tokens the
+    vocabulary lacks, or whose result it lacks, is one llama.cpp would make and then spell out
+    in bytes, which a `tokenizers` BPE cannot express: refused.
+
+    When every merge holds one space, as a byte-level vocabulary's do (its space is `Ġ`), they
+    are the GGUF's own strings, which `tokenizers` splits at that space as llama.cpp does: no
+    pair is made of each (a million merges are 170 MB of pairs). Else, pairs."""
+    unique = dict.fromkeys(merges)  # in order, each once
+    one_space = True
+    for merge in unique:
         cut = merge.find(" ", 1)
         first, second = (merge[:cut], merge[cut + 1 :]) if cut >= 0 else ("", "")
-        if (first, second) in seen:
-            continue
-        seen.add((first, second))
         if first not in vocab or second not in vocab or first + second not in vocab:
             raise ConfigError(
                 where,
                 "tokenizer.ggml.merges",
-                f"merge {rank} ({merge!r}) joins tokens the vocabulary lacks; use --tokenizer server",
+                f"merge {merges.index(merge)} ({merge!r}) joins tokens the vocabulary lacks; use --tokenizer server",
             )
-        pairs.append([first, second])
-    return pairs
+        one_space = one_space and merge.count(" ") == 1
+    if one_space:
+        return list(unique)
+    return [[merge[: (cut := merge.find(" ", 1))], merge[cut + 1 :]] for merge in unique]
 
 
 def _cached_tokenizer(model: Gguf, pre: PreTokenizer) -> Any:
@@ -671,16 +674,16 @@ def _cached_tokenizer(model: Gguf, pre: PreTokenizer) -> Any:
             return Tokenizer.from_file(str(cached))
         except Exception:  # a damaged cache file: converted again below, and replaced
             pass
-    text = _dumps(gguf_tokenizer_json(model, pre))
+    data = _dumps(gguf_tokenizer_json(model, pre))  # the dict is gone once its JSON is made
     try:
-        tokenizer = Tokenizer.from_str(text)
+        tokenizer = Tokenizer.from_buffer(data)  # the bytes as they are: no str of them
     except Exception as exc:
         raise ConfigError(str(model.path), None, f"its vocabulary does not convert: {_first_line(exc)}") from None
     if pre.spaces:
         _newlines_merge_whole(model, tokenizer)  # checked once, before the conversion is cached
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cached, text)
+        write_atomic(cached, data)
     except (OSError, OtakuError):  # a cache that cannot be written costs only the next run's time
         pass
     return tokenizer
@@ -692,15 +695,15 @@ def _cache_file(model: Gguf) -> Path:
     return model_cache() / f"gguf-{CONVERTER}-{model.identity}.tokenizer.json"
 
 
-def _dumps(value: object) -> str:
+def _dumps(value: object) -> bytes:
     try:
         import orjson
 
-        return orjson.dumps(value).decode("utf-8")
+        return orjson.dumps(value)
     except ImportError:  # pragma: no cover - orjson is a dependency
         import json
 
-        return json.dumps(value, ensure_ascii=False)
+        return json.dumps(value, ensure_ascii=False).encode("utf-8")
 
 
 def _first_line(exc: BaseException) -> str:
