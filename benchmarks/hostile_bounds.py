@@ -27,6 +27,17 @@ stand-in server in the same process holding its own copies (2026-12-02, wall s /
                           the body, more than 10,000 in the reply's text; outside pytest the
                           body 208 MB / 0.6 s, the error body 269 MB / 0.7 s)
 
+"vocab", the issue's "also found" 2M-token GGUF: a GGUF at both of the reader's vocabulary
+bounds (524,288 tokens, 1,048,576 merges, each merge joining two of its tokens), written by
+the test, converted by one build and read from the cache by a second, in one process:
+
+    before  8.5 / 1225   (the conversion: the merges as pairs of new strings, its JSON as a str)
+    after   6.5 / 525    (the merges as the GGUF spells them, the JSON as bytes; outside pytest
+                          the first build 356 MB / 3.5 s, the cached one 352 MB / 1.6 s)
+
+The issue's own 2M-token file, converting, took 2.2 GB / 16.2 s here (1.66 GB / 4.7 s from the
+cache); it is now refused by its header in 0.16 s and 27 MB, as is any file past a bound.
+
 Benchmarks report figures; no test asserts a time.
 """
 
@@ -87,6 +98,8 @@ CASES: dict[str, list[str]] = {
     "18": [f"{R4}::test_an_ollama_manifest_or_blob_that_is_a_device"],
     # "also found": 60 MB of [{},{},…] as a reply's body and as the JSON in a summary reply's text
     "60MB": [f"{R4}::test_the_issues_60_mb_reply_of_empty_objects_is_one_line"],
+    # "also found": a GGUF at both vocabulary bounds converted, then read from the cache
+    "vocab": [f"{MODELS}::test_the_largest_vocabulary_ctx_reads_is_converted_and_counted"],
 }
 
 

@@ -117,3 +117,34 @@ def tiny_bpe(**extra: object) -> dict[str, object]:
     }
     metadata.update(extra)
     return metadata
+
+
+def large_bpe(tokens: int, merges: int) -> dict[str, object]:
+    """The metadata of a BPE model of `tokens` tokens and `merges` distinct merges, each joining
+    two of its tokens into a third: the byte alphabet, every pair of it, then 3- and 4-character
+    tokens over 64 of its characters, each with every split the vocabulary holds. The most
+    work a vocabulary of that size can ask of the conversion (the issue's 2M-token file had one
+    merge a token)."""
+    import itertools
+
+    alphabet = byte_alphabet()
+    texts = list(CONTROL_TOKENS) + alphabet
+    joins: list[str] = []
+    for a, b in itertools.product(alphabet, repeat=2):
+        texts.append(a + b)
+        joins.append(f"{a} {b}")
+    longer = itertools.chain(itertools.product(alphabet[:64], repeat=3), itertools.product(alphabet[:64], repeat=4))
+    for chars in longer:
+        if len(texts) >= tokens:
+            break
+        text = "".join(chars)
+        texts.append(text)
+        joins += [f"{text[:k]} {text[k:]}" for k in range(len(text) - 1, 0, -1)]
+    assert len(texts) == tokens and len(joins) >= merges, "more merges than these tokens hold"
+    return tiny_bpe(
+        **{
+            "tokenizer.ggml.tokens": texts,
+            "tokenizer.ggml.token_type": array(I32, [3] * len(CONTROL_TOKENS) + [1] * (tokens - len(CONTROL_TOKENS))),
+            "tokenizer.ggml.merges": joins[:merges],
+        }
+    )

@@ -7,6 +7,7 @@ stderr naming the file, exit status 1, and no traceback, before the work is done
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import pytest
@@ -187,6 +188,42 @@ def test_a_number_of_5000_digits_in_a_config_json(tmp_path: Path) -> None:
 # -- also found: a GGUF of a 2M-token vocabulary took 736 MB and 25 s (6 GB at the 16M cap) ----
 
 
+def _claiming(path: Path, key: str, count: int) -> Path:
+    """A GGUF header whose array `key` claims `count` strings, none of them in the file."""
+    from gguf_files import ARRAY, STRING, string
+
+    head = b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + string("general.architecture") + struct.pack("<I", STRING)
+    path.write_bytes(head + string("llama") + string(key) + struct.pack("<IIQ", ARRAY, STRING, count))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("key", "count", "said"),
+    [
+        (
+            "tokenizer.ggml.tokens",
+            524_289,
+            "tokenizer.ggml.tokens: holds 524,289 tokens, more than ctx reads (524,288,"
+            " twice the largest real vocabulary)",
+        ),
+        (
+            "tokenizer.ggml.merges",
+            1_048_577,
+            "tokenizer.ggml.merges: holds an array of 1,048,577 strings, more than ctx reads (1,048,576)",
+        ),
+    ],
+)
+def test_a_gguf_claiming_more_tokens_than_any_vocabulary_is_refused_before_reading_them(
+    tmp_path: Path, key: str, count: int, said: str
+) -> None:
+    """Refused by the claim, in one line naming the file and the bound: none of the tokens is
+    in the file, so a reader that went on would have said "truncated" (after reading them)."""
+    path = _claiming(tmp_path / "claims.gguf", key, count)
+    code, out, err = ctx("build", CASE3, "--tokenizer", path)
+    assert (code, out) == (ExitStatus.ERROR, "")
+    assert one_line(err) == f"ctx: {path}: {said}\n"
+
+
 def test_the_conversion_takes_the_merges_as_the_gguf_holds_them(tmp_path: Path) -> None:
     """A merge of one space is `tokenizers`' own spelling of the pair llama.cpp splits it into:
     the GGUF's strings go through as they are (a million pairs were 170 MB in Python, and as
@@ -207,3 +244,18 @@ def test_the_conversion_takes_the_merges_as_the_gguf_holds_them(tmp_path: Path) 
     assert pairs == [m.split(" ", 1) for m in MERGES] + [["x", "y z"]]
     text = "the hand and the well, then in"
     assert hf.gguf_counter(model.path).ids(text) == hf.gguf_counter(plain.path).ids(text)  # either spelling
+
+
+@pytest.mark.deep
+def test_the_largest_vocabulary_ctx_reads_is_converted_and_counted(tmp_path: Path) -> None:
+    """A GGUF at both bounds, 524,288 tokens and 1,048,576 merges: converted, cached, and read
+    from the cache on the next run. benchmarks/hostile_bounds.py measures it (the issue asks
+    under 1 GB and 10 s)."""
+    from gguf_files import large_bpe, write_gguf
+
+    from otaku_ctx.model import gguf
+
+    path = write_gguf(tmp_path / "largest.gguf", large_bpe(gguf.MAX_TOKENS, gguf.MAX_STRINGS))
+    first = ctx("build", CASE3, "--tokenizer", path)
+    assert first[0] == ExitStatus.OK and first[2] == "", first[2]
+    assert ctx("build", CASE3, "--tokenizer", path) == first

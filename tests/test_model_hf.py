@@ -426,7 +426,7 @@ def test_the_control_tokens_of_a_gguf_ctx_does_not_count_are_read_too(tmp_path: 
     fill-in-the-middle token llama.cpp picks by its hash order (both taken), a file of no tokens."""
     read: list[str] = []
     original = Gguf.array
-    monkeypatch.setattr(Gguf, "array", lambda self, key: (read.append(key), original(self, key))[1])
+    monkeypatch.setattr(Gguf, "array", lambda self, key, *most: (read.append(key), original(self, key, *most))[1])
     spm = read_gguf(_retyped(tmp_path, ("<unk>", 2), **{"tokenizer.ggml.model": "llama"}))
     assert hf.gguf_controls(spm) == ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>")
     assert "tokenizer.ggml.merges" not in read

@@ -28,10 +28,19 @@ from ..errors import ConfigError
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 MiB = 1 << 20
-MAX_METADATA = 512 * MiB  # bytes of header and key/values; a 256k vocabulary takes ~10 MiB
+# What a model's metadata may hold, set by what real ones need, with margin, so that the worst
+# file accepted (every bound at once) is read and converted into a counter in under 1 GB and
+# 10 s (benchmarks/hostile_bounds.py measures it). Its cost is per token and merge (a string
+# each, in Python and again in `tokenizers`) and per byte of them.
+MAX_METADATA = 64 * MiB  # bytes of header and key/values: Gemma 4's 262,144 tokens and merges are ~20 MiB
 MAX_STRING = 64 * MiB  # one string value (a chat template is a few KiB)
 MAX_KEY = 65_535  # GGUF's own limit on a key's length
-MAX_ITEMS = 1 << 24  # elements of one array
+MAX_ITEMS = 1 << 24  # elements of one array of numbers (16 bytes a million of them, read in one call)
+# The tokens: twice the largest vocabulary of a released model (Gemma's 262,144; Llama 3 has
+# 128,256, Qwen 151,936, gpt-oss 201,088). 2M of them took 2.2 GB and 16 s.
+MAX_TOKENS = 1 << 19
+# Elements of one array of strings, the merges the longest (Gemma's ~514,000, Llama 3's 280,147): twice them.
+MAX_STRINGS = 1 << 20
 MAX_PAIRS = 1 << 16  # key/value pairs
 MAX_DEPTH = 3  # arrays of arrays of ...
 SMALL_ARRAY = 4096  # longer arrays are walked past and read only when asked (`Gguf.array`)
@@ -104,27 +113,29 @@ class Gguf:
     # from the same file, or a replaced one's vocabulary would be taken under this identity
     stamp: tuple[int, int, int] = field(default=(0, 0, 0), repr=False, compare=False)
 
-    def array(self, key: str) -> tuple[object, ...]:
-        """The whole array under `key` (empty if the file has none), read from the file now."""
+    def array(self, key: str, most: int | None = None) -> tuple[object, ...]:
+        """The array under `key` (empty if the file has none), read from the file now: whole, or
+        its first `most` items (a token's type or score past the last token is never read)."""
         found = self.metadata.get(key)
         if found is None:
             return ()
         if not isinstance(found, Array):
             if isinstance(found, tuple):
-                return found
+                return found[:most]
             raise ConfigError(str(self.path), key, f"is a {type(found).__name__}, not an array")
         opened = _open(self.path)
         with opened as (handle, size):
             if size != self.size or opened.stamp != self.stamp:
                 raise ConfigError(str(self.path), None, "changed while it was read; run ctx again")
             reader = _Reader(self.path, handle, size, start=found.offset)
-            return reader.items(key, found.item_type, found.count, 1, keep=True)  # type: ignore[return-value]
+            count = found.count if most is None else min(found.count, most)
+            return reader.items(key, found.item_type, count, 1, keep=True)  # type: ignore[return-value]
 
     def typed_tokens(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """The tokens and their types (no types when the file has none): all that a list of its
         control tokens needs, without the merges."""
         tokens = self.array("tokenizer.ggml.tokens")
-        types = self.array("tokenizer.ggml.token_type")
+        types = self.array("tokenizer.ggml.token_type", len(tokens))
         where = str(self.path)
         if not tokens or not all(isinstance(t, str) for t in tokens):
             raise ConfigError(where, "tokenizer.ggml.tokens", "holds no list of token strings")
@@ -136,7 +147,7 @@ class Gguf:
         """The tokens, their types, the merges and the scores: what a counter is built from."""
         tokens, types = self.typed_tokens()
         merges = self.array("tokenizer.ggml.merges")
-        scores = self.array("tokenizer.ggml.scores")
+        scores = self.array("tokenizer.ggml.scores", len(tokens))
         where = str(self.path)
         if not all(isinstance(m, str) for m in merges):
             raise ConfigError(where, "tokenizer.ggml.merges", "is not a list of strings")
@@ -474,6 +485,13 @@ class _Reader:
                 raise self.fail(key, f"holds an array of unknown type {item_type}; the file is damaged")
             if count > MAX_ITEMS:
                 raise self.fail(key, f"holds an array of {count:,} items, more than ctx reads ({MAX_ITEMS:,})")
+            if key == TOKENS and count > MAX_TOKENS:
+                message = (
+                    f"holds {count:,} tokens, more than ctx reads ({MAX_TOKENS:,}, twice the largest real vocabulary)"
+                )
+                raise self.fail(key, message)
+            if item_type == STRING and count > MAX_STRINGS:
+                raise self.fail(key, f"holds an array of {count:,} strings, more than ctx reads ({MAX_STRINGS:,})")
             lazy = count > SMALL_ARRAY or item_type == ARRAY or self.kept + count > MAX_KEPT
             if lazy and depth == 0:
                 offset = self.base + self.pos
@@ -506,7 +524,9 @@ class _Reader:
         for _ in range(count):  # arrays of arrays: each element is an array value without its tag
             sub_type = self.u32(key)
             sub_count = self.u64(key)
-            if sub_count > MAX_ITEMS or (sub_type not in SCALARS and sub_type not in (STRING, ARRAY)):
+            if sub_count > (MAX_STRINGS if sub_type == STRING else MAX_ITEMS) or (
+                sub_type not in SCALARS and sub_type not in (STRING, ARRAY)
+            ):
                 raise self.fail(key, "holds a damaged nested array")
             if depth >= MAX_DEPTH:
                 raise self.fail(key, "nests arrays too deeply; the file is damaged")
