@@ -483,6 +483,31 @@ def test_a_backend_500_is_a_502_and_a_slow_one_a_504(stand_in: StandIn) -> None:
         running.stop()
 
 
+def test_a_backend_reply_past_the_bound_is_a_502(
+    serving: Running, stand_in: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """serve reads the backend's replies bounded as ctx's own client does (64 MiB; here 64
+    bytes): a whole reply, a passed-through one and an error body past it are a 502 in one
+    line, not read into memory whole."""
+    import otaku_ctx.serve.upstream as upstream
+
+    talk = client(serving)
+    talk.models.list()  # the window is asked before the bound falls
+    monkeypatch.setattr(upstream, "LIMIT", 64)
+    with pytest.raises(openai.APIStatusError) as failed:
+        talk.chat.completions.create(model="local", messages=chat(3))
+    assert failed.value.status_code == 502 and "a reply of over" in failed.value.body["message"]  # type: ignore[index]
+    with pytest.raises(openai.APIStatusError) as listed:
+        talk.models.list()
+    assert listed.value.status_code == 502
+    stand_in.mode = "500"
+    monkeypatch.setattr(upstream, "LIMIT", 16)  # the error body is 44 bytes
+    with pytest.raises(openai.APIStatusError) as crashed:
+        talk.chat.completions.create(model="local", messages=chat(3))
+    said = crashed.value.body["message"]  # type: ignore[index]
+    assert crashed.value.status_code == 502 and "500 Internal Server Error" in said and "crashed" not in said
+
+
 def test_a_backend_that_stops_mid_stream_ends_the_stream_with_an_error(serving: Running, stand_in: StandIn) -> None:
     stand_in.mode = "cut"
     stream = client(serving).chat.completions.create(model="local", messages=chat(3), stream=True)

@@ -291,7 +291,7 @@ class Service:
 
     async def whole(self, path: str, body: Mapping[str, Any], done: Callable[[Usage], None]) -> web.Response:
         async with self.upstream.send("POST", path, body) as answer:
-            data = await answer.read()
+            data = await self.upstream.body(answer)
         usage = Usage()
         if answer.status == 200:
             try:
@@ -311,7 +311,7 @@ class Service:
         upstream: Upstream = self.upstream
         async with upstream.send("POST", path, body) as answer:
             if answer.status != 200 or answer.content_type != "text/event-stream":
-                data = await answer.read()
+                data = await self.upstream.body(answer)
                 return web.Response(body=data, status=answer.status, content_type=answer.content_type or None)
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await response.prepare(request)
@@ -345,7 +345,7 @@ class Service:
 
     async def models(self, request: web.Request) -> web.Response:
         async with self.upstream.send("GET", "/models") as answer:
-            data = await answer.read()
+            data = await self.upstream.body(answer)
         return web.Response(body=data, status=answer.status, content_type=answer.content_type or "application/json")
 
     async def health(self, request: web.Request) -> web.Response:

@@ -16,8 +16,9 @@ from typing import Any
 
 import aiohttp
 
-from ..backend import BackendError, KeyMissing, ServerError, TimedOut, Unreachable
+from ..backend import BackendError, BadReply, KeyMissing, ServerError, TimedOut, Unreachable
 from ..backend.failures import one_line, what_the_server_said
+from ..backend.transport import LIMIT
 
 
 class Upstream:
@@ -44,6 +45,19 @@ class Upstream:
         if self._session is not None:
             await self._session.close()
 
+    @staticmethod
+    async def body(response: aiohttp.ClientResponse) -> bytes:
+        """A response's whole body, bounded as ctx's own client bounds a reply
+        (`transport.LIMIT`, 64 MiB): past it, a `BadReply` naming the URL."""
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await response.content.read(1 << 16):
+            size += len(chunk)
+            if size > LIMIT:
+                raise BadReply(str(response.url), f"a reply of over {LIMIT // (1 << 20)} MiB")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     @asynccontextmanager
     async def send(
         self, method: str, path: str, body: Mapping[str, Any] | None = None
@@ -57,7 +71,10 @@ class Upstream:
         try:
             async with self._session.request(method, url, data=data, allow_redirects=False) as response:
                 if response.status >= 500:
-                    said = what_the_server_said(await response.read())
+                    try:
+                        said = what_the_server_said(await self.body(response))
+                    except BadReply:  # an error body past the bound: its status says enough
+                        said = what_the_server_said(b"")
                     problem = f"{response.status} {response.reason or ''}".strip()
                     raise ServerError(
                         url, problem + (f": {said.message}" if said.message else ""), status=response.status
