@@ -113,7 +113,7 @@ def test_the_counter_says_what_it_counts() -> None:
     assert tekken.specials[:4] == ("<unk>", "<s>", "</s>", "[INST]")
     assert len(tekken.specials) == 1000 and tekken.specials[-1] == "<SPECIAL_999>"
     for counter in (v1, v7, tekken):
-        assert (counter.bos, counter.added, counter.parses_specials) == ("<s>", 0, True)
+        assert (counter.bos, counter.added, counter.parses_specials) == ("<s>", 1, True)  # the BOS the server adds
 
 
 def test_a_tekken_file_that_lists_its_special_tokens_is_read_by_them(tmp_path: Path) -> None:

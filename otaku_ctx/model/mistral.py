@@ -81,7 +81,7 @@ def mistral_counter(path: Path) -> TokenCounter:
         _counting(tokenizer),
         specials=tokenizer.controls,
         bos=BOS,
-        added=0,  # ctx's mistral formats write the BOS themselves
+        added=1,  # the BOS, which every server adds itself: a text prompt leaves it out (one BOS)
         parses_specials=True,
     )
 

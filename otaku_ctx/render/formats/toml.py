@@ -5,7 +5,8 @@ preset, so a preset carries over key by key:
 
     name = "ChatML"                      # shown to people; defaults to the file's stem
     chat = false                         # true: send role messages to a chat API, no wrapping
-    bos = ""                             # written once at the very start of a text prompt
+    bos = ""                             # the model's BOS text: its server adds it (one BOS)
+    write_bos = false                    # true: a text prompt starts with `bos` itself
     system_sequence = "<|im_start|>system\\n"   # prefix of a system block
     system_suffix = "<|im_end|>\\n"             # suffix of a system block
     input_sequence = "<|im_start|>user\\n"      # prefix of a user block
@@ -40,13 +41,14 @@ the key. How the fields make a prompt is formats/text.py's to say.
 from __future__ import annotations
 
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 from ...errors import ConfigError
 from .model import BOOL_FIELDS, STR_FIELDS, Format
 from .reading import make_format, read_text
 
-_TOML_KEYS = (*STR_FIELDS, *BOOL_FIELDS, "stop")
+_TOML_KEYS = (*STR_FIELDS, *BOOL_FIELDS, "write_bos", "stop")
 
 
 def read_format(path: Path) -> Format:
@@ -59,10 +61,17 @@ def read_format(path: Path) -> Format:
     for key in data:
         if key not in _TOML_KEYS:
             raise ConfigError(source, key, f"unknown key (expected one of: {', '.join(_TOML_KEYS)})")
-    values = {key: value for key, value in data.items() if key != "stop"}
+    values = {key: value for key, value in data.items() if key not in ("stop", "write_bos")}
+    write_bos = data.get("write_bos", False)
+    if not isinstance(write_bos, bool):
+        raise ConfigError(source, "write_bos", f"expected true or false, got {write_bos!r}")
     stop = data.get("stop", [])
     if not isinstance(stop, list) or not all(isinstance(item, str) for item in stop):
         raise ConfigError(source, "stop", f"expected a list of strings, got {stop!r}")
     if values.get("name") == "":
         raise ConfigError(source, "name", "expected a non-empty string")
-    return make_format(source, values, default_name=path.stem, extra_stop=stop)
+    fmt = make_format(source, values, default_name=path.stem, extra_stop=stop)
+    # One BOS, always: every server ctx sends a text prompt to (llama.cpp, KoboldCpp, vLLM,
+    # TabbyAPI, Ollama) adds the BOS of the models these formats are for itself, so the prompt
+    # leaves it to the server unless the file says to write it (docs/templates.md).
+    return fmt if write_bos else replace(fmt, server_bos=fmt.bos)
