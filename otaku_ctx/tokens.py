@@ -297,7 +297,7 @@ def _may_hold_a_long_run(text: str) -> bool:
     neighbours of `text[::RUN_STRIDE]` with only its own kind between them, so only the
     stretches between neighbours of one kind are looked at: linear, and False only where
     `_long_run` would find nothing."""
-    if len(text) < LONG_PIECE:
+    if len(text) < LONG_PIECE - 2:  # the run `_long_run` looks for
         return False
     if any(separator in text for separator in _SEPARATORS):
         return True  # a "symbol" run of tiktoken's may mix them with others: let _long_run look
