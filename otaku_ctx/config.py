@@ -52,6 +52,7 @@ Kind = Literal[
     "seconds",
     "patterns",
     "fallback",
+    "hours",
 ]
 
 
@@ -212,6 +213,9 @@ class SummarizeSettings:
     attempts: int = setting(3, "tries for a reply with a usable summary before it is reported", "count", least=1)
     scene_breaks: tuple[str, ...] = setting(
         (), "patterns of a time skip opening a message (a scene cut); empty: English ones", "patterns"
+    )
+    date_gap: float = setting(
+        6.0, "hours between two messages' send_date (SillyTavern's) that cut a scene there; 0 = none", "hours"
     )
     fallback: str = setting(
         "extract", 'when no reply would do: "extract" (the scene\'s own lines) or "none" (left missing)', "fallback"
@@ -380,6 +384,13 @@ def _seconds(c: _Check) -> float:
     return float(v)
 
 
+def _hours(c: _Check) -> float:
+    v = c.value
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not 0 <= v <= 8760:
+        raise c.wrong("a number of hours from 0 to 8,760 (a year)")
+    return float(v)
+
+
 def _text(c: _Check) -> str:
     if not isinstance(c.value, str):
         raise c.wrong("text")
@@ -418,6 +429,7 @@ CHECKS: dict[str, Callable[[_Check], Any]] = {
     "fallback": _one_of(("extract", "none")),
     "text": _text,
     "seconds": _seconds,
+    "hours": _hours,
     "cache": _one_of(CACHES),
     "engine": _one_of(ENGINES),
     "strategy": _one_of(STRATEGIES),

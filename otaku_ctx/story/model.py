@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, fields
+from datetime import datetime
 from enum import IntEnum
 from functools import cached_property
 from itertools import compress
@@ -36,7 +37,10 @@ class Card:
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One numbered message of the story (1..N). A card is a message too: `card` is set."""
+    """One numbered message of the story (1..N). A card is a message too: `card` is set.
+    `sent` is when it was sent, when the file says (`story/dates.py`): when it was said is not
+    what was said, so two messages alike but for it are equal (a chat converted to a format
+    that keeps no dates reads back equal)."""
 
     number: int
     role: Role
@@ -44,6 +48,7 @@ class Message:
     name: str | None = None
     card: Card | None = None
     line: int | None = None  # where it stood in the source file, for errors
+    sent: datetime | None = field(default=None, compare=False)
 
     def __init__(
         self,
@@ -53,6 +58,7 @@ class Message:
         name: str | None = None,
         card: Card | None = None,
         line: int | None = None,
+        sent: datetime | None = None,
     ) -> None:
         # The __init__ dataclass would write, by hand: a long story makes 100k Messages, and
         # setting the frozen slots through their descriptors costs half what its calls to
@@ -64,13 +70,14 @@ class Message:
         _set_name(self, name)
         _set_card(self, card)
         _set_line(self, line)
+        _set_sent(self, sent)
 
     @property
     def is_card(self) -> bool:
         return self.card is not None
 
 
-_set_number, _set_role, _set_content, _set_name, _set_card, _set_line = (
+_set_number, _set_role, _set_content, _set_name, _set_card, _set_line, _set_sent = (
     Message.__dict__[f.name].__set__ for f in fields(Message)
 )
 

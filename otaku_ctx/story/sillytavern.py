@@ -16,6 +16,8 @@ every later line is one row: `{"name", "is_user", "is_system", "mes", "swipes", 
 - Rows with `is_system: true` are hidden from the AI, and so are tool-invocation rows
   (`extra.tool_invocations`): neither becomes a message; both are counted in `Story.hidden`.
 - Narrator rows (`extra.type: "narrator"`, from /sys) are sent as system messages with no name.
+- A row's `send_date`, in any of the forms SillyTavern has written, is the message's `sent`
+  (`story/dates.py`); one that cannot be read is no date, never an error.
 - The role is "user" when `is_user`, else "assistant"; the speaker's name is the row's.
   `is_user` and `is_system` must be JSON booleans: the text "true" is an error, never read as
   false (a hand-edited or converted file says what it means, or is refused).
@@ -37,6 +39,7 @@ from typing import Any, NamedTuple
 
 from ..errors import StoryError
 from ..jsonload import JSONProblem, loads
+from .dates import sent_at
 from .model import Message, Scene, Story, StoryInfo
 from .native import read_lines, uncollected
 
@@ -176,15 +179,17 @@ def _message(path: Path, number: int, row: dict[str, Any], position: int) -> Mes
     if name is not None and not isinstance(name, str):
         raise StoryError(path, number, f'"name" must be text, not {type(name).__name__}')
     content = _selected_text(path, number, row)
+    sent = sent_at(row.get("send_date"))
     extra = row.get("extra")
     if isinstance(extra, dict) and extra.get("type") == NARRATOR:
-        return Message(number=position, role="system", content=content, line=number)
+        return Message(number=position, role="system", content=content, line=number, sent=sent)
     return Message(
         number=position,
         role="user" if _flag(path, number, row, "is_user") else "assistant",
         content=content,
         name=name or None,
         line=number,
+        sent=sent,
     )
 
 

@@ -43,7 +43,7 @@ __all__ = [
 
 def options_of(s: SummarizeSettings, jobs: int | None = None) -> Options:
     return Options(
-        cutting=Cutting(s.settle, s.min_chars, s.min_messages, s.scene_breaks),
+        cutting=Cutting(s.settle, s.min_chars, s.min_messages, s.scene_breaks, s.date_gap),
         summary_words=s.summary_words,
         history_words=s.history_words,
         jobs=jobs or s.jobs,

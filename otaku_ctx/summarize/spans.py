@@ -3,12 +3,13 @@
 itself when one comes soon enough; then cut smaller until each scene's request fits the
 summarizer's window.
 
-A break the story marks (before a message): a narrator or system row after the turns, a
-scene-break line (`***`, `---`, `* * *`, `###`, `⁂`), or a time skip at the start of a
-message ("Later that night", "The next morning", …; `[summarize] scene_breaks` holds the
-patterns, in the story's language). Once a scene holds its minimum, it is cut before the first
-marked break within `MOST` times the minimum's characters; only when none comes is it cut
-where the minimum was reached, by size, as otaku cuts.
+A break the story marks (before a message): a gap of more than `[summarize] date_gap` hours
+between its `send_date` and the one before (a new session; `story/dates.py`), a narrator or
+system row after the turns, a scene-break line (`***`, `---`, `* * *`, `###`, `⁂`), or a time
+skip at the start of a message ("Later that night", "The next morning", …; `[summarize]
+scene_breaks` holds the patterns, in the story's language). Once a scene holds its minimum, it
+is cut before the first marked break within `MOST` times the minimum's characters; only when
+none comes is it cut where the minimum was reached, by size, as otaku cuts.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..story.dates import apart
 from ..story.model import Message
 
 Span = tuple[int, int]  # message numbers, inclusive
@@ -30,6 +32,7 @@ class Cutting:
     min_chars: int = 6000
     min_messages: int = 20
     breaks: tuple[str, ...] = ()  # time-skip patterns of the story's language; () = TIME_SKIPS
+    date_gap: float = 6.0  # hours between two messages' send dates that mark a break; 0 = none
 
     @property
     def time_skip(self) -> re.Pattern[str]:
@@ -52,9 +55,16 @@ def _compiled(patterns: tuple[str, ...]) -> re.Pattern[str]:
 
 
 def marked(message: Message, before: Message | None, cutting: Cutting) -> str | None:
-    """Why the story itself marks a break before `message`, or None."""
+    """Why the story itself marks a break before `message`, or None: its row or its first line
+    (`_row`), and its send date's gap since the message before (`_gap`), both when both say so."""
     if before is None or message.is_card:
         return None
+    reasons = [why for why in (_row(message, before, cutting), _gap(message, before, cutting)) if why]
+    return " and ".join(reasons) or None
+
+
+def _row(message: Message, before: Message, cutting: Cutting) -> str | None:
+    """A narrator row after the turns, a scene-break line, or a time skip opening the message."""
     if message.role == "system" and before.role != "system":
         return "a narrator row"
     first = message.content.lstrip().split("\n", 1)[0]
@@ -64,6 +74,26 @@ def marked(message: Message, before: Message | None, cutting: Cutting) -> str | 
     if found:
         return f"a time skip ({found[0].strip(' *_([').capitalize()!r})"
     return None
+
+
+def _gap(message: Message, before: Message, cutting: Cutting) -> str | None:
+    """More than `date_gap` hours between the two messages' send dates (a clock set back, or
+    a message with no date, is no gap)."""
+    seconds = apart(before.sent, message.sent) if cutting.date_gap > 0 else None
+    if seconds is None or seconds <= cutting.date_gap * 3600:
+        return None
+    return f"a gap of {spoken(seconds)} in send_date"
+
+
+def spoken(seconds: float) -> str:
+    """A gap as a person says it: minutes, hours below two days, else days."""
+    if seconds < 3600:
+        n, unit = round(seconds / 60), "minute"
+    elif seconds < 48 * 3600:
+        n, unit = int(seconds // 3600), "hour"
+    else:
+        n, unit = int(seconds // 86400), "day"
+    return f"{n} {unit}{'' if n == 1 else 's'}"
 
 
 def size(message: Message) -> int:
