@@ -65,7 +65,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "realserver"))
-from server import ServerProblem, chat, free_port, launch  # noqa: E402 - the tests' own server helpers
+from server import MODEL, ServerProblem, chat, free_port, launch  # noqa: E402 - the tests' own server helpers
 
 CONFIG = (
     "[summarize]\nsettle = 10\nmin_chars = 1500\nmin_messages = 15\nsummary_words = 40\nhistory_words = 30\n"
@@ -105,7 +105,7 @@ def server_ms(log: Path, since: int) -> tuple[float, int]:
 def whole(story: Path, url: str, jobs: int, home: Path, config: Path) -> tuple[float, dict[str, object]]:
     """One `ctx summarize` process: (its wall time, its --json report)."""
     env = {**os.environ, "OTAKU_HOME": str(home), "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "otaku_ctx", "summarize", str(story), "--url", url, "--model", "smollm2"]
+    command = [sys.executable, "-m", "otaku_ctx", "summarize", str(story), "--url", url, "--model", MODEL]
     command += ["--config", str(config), "--jobs", str(jobs), "--json"]
     began = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -141,7 +141,7 @@ def in_process(story: Path, url: str, config: Path) -> tuple[float, list[tuple[f
     try:
         err = StringIO()
         io = Terminal(stdin=BytesIO(), stdout=BytesIO(), stderr=err)
-        argv = ["summarize", str(story), "--url", url, "--model", "smollm2", "--config", str(config), "--jobs", "1"]
+        argv = ["summarize", str(story), "--url", url, "--model", MODEL, "--config", str(config), "--jobs", "1"]
         began = time.perf_counter()
         code = main(argv, io)
         wall = time.perf_counter() - began

@@ -38,6 +38,7 @@ from otaku_ctx.backend import (
     TimedOut,
     Unreachable,
 )
+from otaku_ctx.backend.servers import listed_as
 from otaku_ctx.backend.transport import retry_after
 from otaku_ctx.status import ExitStatus
 
@@ -650,3 +651,58 @@ def test_requests_stay_on_the_url_named(server: StandIn, backend: Backend) -> No
         "/llm/v1/chat/completions",
     ]
     assert {s.headers["host"] for s in server.seen} == {f"127.0.0.1:{server.server_address[1]}"}
+
+
+# the model list ---------------------------------------------------------------------------------
+
+
+def test_the_models_the_server_lists_asked_once(server: StandIn, backend: Backend) -> None:
+    listing = {
+        "object": "list",
+        "data": [{"id": "smol", "aliases": ["smol", "tiny", 3]}, {"id": "big", "object": "model"}, {"id": "smol"}, {}],
+    }
+    server.answer(reply(200, listing))
+    assert backend.models() == ("smol", "tiny", "big") and backend.models() == ("smol", "tiny", "big")
+    assert [(s.method, s.path) for s in server.seen] == [("GET", "/v1/models")]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        reply(404, {"error": "no such endpoint"}),
+        reply(200, {"object": "list", "data": []}),  # a server with nothing loaded: a chat will say
+        reply(200, {"object": "list"}),
+        reply(200, [1, 2]),
+        reply(200, b"<html>models</html>", kind="text/html"),
+    ],
+)
+def test_a_server_with_no_model_list_has_none(server: StandIn, backend: Backend, answer: Responder) -> None:
+    server.answer(answer)
+    assert backend.models() is None
+
+
+def test_a_model_list_behind_a_key_is_refused_as_a_chat_would_be(server: StandIn, backend: Backend) -> None:
+    server.answer(reply(401, {"error": {"message": "no key"}}))
+    with pytest.raises(Refused):
+        backend.models()
+
+
+@pytest.mark.parametrize(
+    ("name", "ids", "named"),
+    [
+        ("qwen2.5-7b", ("qwen2.5-7b", "llama"), "qwen2.5-7b"),
+        # llama.cpp lists the -m it was started with: the file, with or without its extension
+        ("model", ("model.gguf",), "model.gguf"),
+        ("SmolLM2.Q4_1", ("/c/smollm2/SmolLM2.Q4_1.gguf",), "/c/smollm2/SmolLM2.Q4_1.gguf"),
+        ("SmolLM2.Q4_1.gguf", ("C:\\models\\SmolLM2.Q4_1.gguf",), "C:\\models\\SmolLM2.Q4_1.gguf"),
+        ("Mistral-7B", ("koboldcpp/Mistral-7B",), "koboldcpp/Mistral-7B"),  # KoboldCpp
+        ("llama3.1", ("llama3.1:latest", "phi3:mini"), "llama3.1:latest"),  # Ollama's default tag
+        ("smollm2", ("/c/smollm2/SmolLM2.Q4_1.gguf",), None),  # a folder is not the model
+        ("smollm2-135m-instruct.q4_1", ("SmolLM2-135M-Instruct.Q4_1.gguf",), None),  # ids are case-sensitive
+        ("llama-3.1-8b-instruct", ("meta-llama/llama-3.1-8b-instruct",), None),  # a hosted API's id is whole
+        ("phi3", ("phi3:mini",), None),  # only :latest is Ollama's default
+        ("local", ("model.gguf",), None),
+    ],
+)  # fmt: skip
+def test_which_listed_model_a_name_names(name: str, ids: tuple[str, ...], named: str | None) -> None:
+    assert listed_as(name, ids) == named

@@ -54,12 +54,16 @@ class StandIn(QuietServer):
         self.since = 0  # ... of the log from this entry on
         self.rolling = False  # a history names the history it was rolled from, then the scene
         self.on_request: Callable[[int], None] | None = None  # called with each chat request's number (1, 2, …)
+        self.models: list[str] | None = None  # what GET /v1/models lists; None: a 404, as llama.cpp's /props is alone
 
 
 class _Handler(JSONHandler):
     server: StandIn
 
     def do_GET(self) -> None:
+        if self.path == "/v1/models" and self.server.models is not None:
+            self._send(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in self.server.models]})
+            return
         self._props(self.server.window)
 
     def do_POST(self) -> None:
@@ -368,6 +372,44 @@ def test_a_history_rolled_from_a_long_story_so_far_is_priced_as_it_is(tmp_path: 
 
 
 # -- replies and formats ----------------------------------------------------------------------
+
+
+def test_a_model_the_server_does_not_list_is_a_usage_error_before_any_request(tmp_path: Path, server: StandIn) -> None:
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 200)
+    server.models = ["/models/SmolLM2-135M-Instruct.Q4_1.gguf"]
+    code, out, err = summarize(chat, server)  # --model stand-in
+    assert code == 2 and not out and err.count("\n") == 1, err
+    assert err == (
+        f"ctx: --model: summarize.model: {server.url} has no model 'stand-in'; it lists"
+        " '/models/SmolLM2-135M-Instruct.Q4_1.gguf' (a model file by its name, with or without its extension,"
+        " will do)\n"
+    )
+    assert server.bodies == [] and not sidecar_for(chat).exists()  # nothing asked, no name saved
+    # the file's name, with or without its extension, is the model
+    for name in ("SmolLM2-135M-Instruct.Q4_1", "SmolLM2-135M-Instruct.Q4_1.gguf"):
+        sidecar_for(chat).unlink(missing_ok=True)
+        code, _, err = run("summarize", str(chat), "--url", server.url, "--model", name)
+        assert code == 0, err
+        assert {r.model for r in read_sidecar(sidecar_for(chat))} == {name}
+
+
+def test_a_long_model_list_is_named_in_part_and_a_close_name_suggested(tmp_path: Path, server: StandIn) -> None:
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 200)
+    server.models = [f"vendor/model-{i:02d}" for i in range(30)]
+    code, _, err = run("summarize", str(chat), "--url", server.url, "--model", "vendor/modle-07")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "has no model 'vendor/modle-07'; did you mean 'vendor/model-07'?; it lists 'vendor/model-00'," in err
+    assert "'vendor/model-07' and 22 more\n" in err and "model-08" not in err
+    assert server.bodies == []
+
+
+def test_a_server_with_no_model_list_is_asked_by_the_name_given(tmp_path: Path, server: StandIn) -> None:
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 200)
+    assert server.models is None  # GET /v1/models is a 404
+    code, _, err = summarize(chat, server)
+    assert code == 0, err
+    assert {body["model"] for body in server.bodies} == {"stand-in"}
+    assert {r.model for r in read_sidecar(sidecar_for(chat))} == {"stand-in"}
 
 
 def test_a_server_that_refuses_json_schema_gets_json_object(tmp_path: Path, server: StandIn) -> None:

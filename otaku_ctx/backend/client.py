@@ -70,6 +70,10 @@ def decoded(body: bytes, url: str) -> Any:
         raise BadReply(url, TOO_MANY) from None
 
 
+def _names(value: object) -> list[object]:
+    return value if isinstance(value, list) else []
+
+
 def _integer(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
@@ -118,6 +122,7 @@ class Backend:
         self._window: int | None = None
         self._tokenizes: bool | None = None
         self._server: tuple[ServerKind, Server] | None = None
+        self._models: tuple[str, ...] | None = None
         # the requests sent, by what they ask ("chat", "tokenize", "probe"): a test or a benchmark
         # reads how many of each a run made (a rebuild from the count cache makes no "tokenize")
         self.asked: Counter[str] = Counter()
@@ -168,6 +173,20 @@ class Backend:
                     self._window = found
                     break
         return self._window
+
+    def models(self) -> tuple[str, ...] | None:
+        """The names of the models the server lists (`GET {url}/models`: each one's `id`, and its
+        `aliases` where llama.cpp gives them), asked once: None when it lists none — no such
+        endpoint, an answer that is no list, an empty list — since then a chat is the only way
+        to learn whether it has the model."""
+        if self._models is None:
+            data = self.probe("GET", f"{self.base}/models", what="models")
+            listed = data.get("data") if data is not None else None
+            entries = [m for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []
+            # each model's id, and the other names llama.cpp lists it by (`aliases`)
+            ids = [name for m in entries for name in (m.get("id"), *_names(m.get("aliases")))]
+            self._models = tuple(dict.fromkeys(unicode_text(i) for i in ids if isinstance(i, str) and i.strip()))
+        return self._models or None
 
     def server(self) -> Server:
         """What the server is (asked once, then remembered; see `servers.Server`): each kind of

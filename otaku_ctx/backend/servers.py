@@ -327,6 +327,26 @@ WINDOWS: tuple[ServerKind, ...] = tuple(SERVERS[name] for name in (VLLM, LLAMA_C
 KINDS: tuple[str, ...] = tuple(name for name, kind in SERVERS.items() if kind.counts)
 
 
+#: how a model file's path ends, as llama.cpp lists the `-m` it was started with
+MODEL_FILES = (".gguf", ".ggml", ".bin", ".safetensors")
+
+
+def listed_as(name: str, ids: tuple[str, ...]) -> str | None:
+    """The listed model id that `name` names, or None: the id itself; a model file's path (how
+    llama.cpp lists the `-m` it was started with, when it has no `--alias`) by its file name
+    with or without its extension; KoboldCpp's `koboldcpp/NAME` by NAME; Ollama's `NAME:latest`
+    by NAME. Nothing looser: a hosted API's `vendor/model` is named whole, as it must be asked."""
+    if name in ids:
+        return name
+    for listed in ids:
+        file = re.split(r"[/\\]", listed)[-1]
+        if listed.lower().endswith(MODEL_FILES) and name in (file, file.rsplit(".", 1)[0]):
+            return listed
+        if listed.removeprefix(f"{KOBOLDCPP.lower()}/") == name != listed or listed == f"{name}:latest":
+            return listed
+    return None
+
+
 def _utf8(text: str) -> str:
     """A lone surrogate, which is no UTF-8, goes as U+FFFD, as the prompt's UTF-8 would carry it."""
     try:
@@ -351,6 +371,7 @@ __all__ = [
     "KOBOLDCPP",
     "KOBOLD_LIMIT",
     "LLAMA_CPP",
+    "MODEL_FILES",
     "OLLAMA",
     "OPENAI",
     "SERVERS",
@@ -366,4 +387,5 @@ __all__ = [
     "ServerKind",
     "TabbyAPI",
     "Vllm",
+    "listed_as",
 ]

@@ -8,8 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..backend import Backend, BadURL
+from ..backend.servers import MODEL_FILES, listed_as
 from ..config import SummarizeSettings
-from ..errors import ConfigError, UsageError
+from ..errors import ConfigError, UsageError, did_you_mean
 from ..story.model import Story
 from ..story.sidecar import Record
 from ..tokens import TokenCounter
@@ -30,6 +31,7 @@ __all__ = [
     "Report",
     "SummarizeError",
     "backend_of",
+    "check_model",
     "load_prompt",
     "options_of",
     "pack",
@@ -72,6 +74,28 @@ def backend_of(s: SummarizeSettings) -> Backend:
         raise UsageError("--url", "summarize.url", str(exc)) from None
 
 
+SHOWN_MODELS = 8  # a server's list named in an error: at most this many of its models
+
+
+def check_model(backend: Backend) -> None:
+    """The model asked for is one the server lists (`Backend.models`), when it lists any: a name
+    it does not know is a usage error naming the ones it has, before any summary is asked, so
+    no summary is ever written under a model's name the server does not have."""
+    ids = backend.models()
+    if ids is None or listed_as(backend.model, ids) is not None:
+        return
+    shown = ", ".join(repr(i if len(i) <= 80 else i[:79] + "…") for i in ids[:SHOWN_MODELS])
+    more = f" and {len(ids) - SHOWN_MODELS:,} more" if len(ids) > SHOWN_MODELS else ""
+    asked = backend.model if len(backend.model) <= 80 else backend.model[:79] + "…"
+    files = any(i.lower().endswith(MODEL_FILES) for i in ids)
+    hint = " (a model file by its name, with or without its extension, will do)" if files else ""
+    raise UsageError(
+        "--model",
+        "summarize.model",
+        f"{backend.url} has no model {asked!r}{did_you_mean(backend.model, ids)}; it lists {shown}{more}{hint}",
+    )
+
+
 def plan_for(
     story: Story,
     records: list[Record],
@@ -106,9 +130,13 @@ def summarize(
     """Summarize what the sidecar lacks (and the scenes starting at `redo`), committing each
     finished scene to it (`commits.Commits`: merged into the file as it is on disk, under a
     lock against a second run) before the next request; `progress` is filled as the run goes
-    (what an interrupted run had done). A sidecar no run could write is refused first."""
+    (what an interrupted run had done). A sidecar no run could write is refused first; a plan
+    that cannot fit the window, and a model the server does not list (`check_model`), before
+    any summary is asked."""
     check_writable(sidecar)
     backend = backend_of(s)
     with Commits(sidecar, records) as commits:
         chosen = plan_for(story, records, prompts, s, backend, redo)
+        if chosen.requests:
+            check_model(backend)
         return chosen, run(chosen, backend, prompts, commits.commit, progress, on_progress)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from server import (  # noqa: F401 - the tests import these from here
     CONTEXT,
+    MODEL,
     SETUP,
     SLOTS,
     ServerProblem,

@@ -15,6 +15,9 @@ from pathlib import Path
 SETUP = Path(__file__).with_name("setup.sh")
 CONTEXT = 4096
 SLOTS = 2
+#: the model as `ctx summarize --model` names it: llama-server lists the `-m` it was started
+#: with, and a model file is named by its file name without the extension
+MODEL = "SmolLM2-135M-Instruct.Q4_1"
 
 
 class ServerProblem(Exception):

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import RealServer  # tests/realserver/conftest.py
+from conftest import MODEL, RealServer  # tests/realserver/conftest.py
 
 N = 320  # about 8,600 tokens of chat: more than an 8k window holds
 
@@ -68,7 +68,7 @@ def test_a_long_chat_refused_at_8k_builds_after_summarize(real_server: RealServe
     refused = ctx(home, "build", str(story), *common)
     assert refused.returncode == 3 and "ctx summarize" in refused.stderr, refused.stderr
 
-    done = ctx(home, "summarize", str(story), "--url", real_server.url, "--model", "smollm2", "--config", str(settings))
+    done = ctx(home, "summarize", str(story), "--url", real_server.url, "--model", MODEL, "--config", str(settings))
     assert done.returncode == 0, done.stderr
 
     built = ctx(home, "build", str(story), *common)

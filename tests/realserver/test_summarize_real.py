@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import server  # tests/realserver/server.py
-from conftest import RealServer, Served, overlapped, quiet, served  # tests/realserver/conftest.py
+from conftest import MODEL, RealServer, Served, overlapped, quiet, served  # tests/realserver/conftest.py
 
 from otaku_ctx.story.detect import read_story
 from otaku_ctx.story.sidecar import Record, judge, read_sidecar, sidecar_for
@@ -103,7 +103,7 @@ def test_a_chat_refused_before_builds_after_and_survives_sigint(real_server: Rea
     before = story.read_bytes()
     settings = config(tmp_path)
     home = tmp_path / "home"
-    args = ["--url", real_server.url, "--model", "smollm2", "--config", str(settings)]
+    args = ["--url", real_server.url, "--model", MODEL, "--config", str(settings)]
     refused = ctx("build", str(story), "--window", "2000", "--config", str(settings), home=home)
     assert refused.returncode == 3, refused.stderr
     spans = planned(story, args, home)
@@ -128,7 +128,7 @@ def test_sigkill_of_ctx_mid_run(real_server: RealServer, tmp_path: Path) -> None
     """No handler runs: what is in the sidecar is what each commit's rename left."""
     story = chat(tmp_path / "chat.jsonl", SHORT)
     home = tmp_path / "home"
-    args = ["--url", real_server.url, "--model", "smollm2", "--config", str(config(tmp_path))]
+    args = ["--url", real_server.url, "--model", MODEL, "--config", str(config(tmp_path))]
     spans = planned(story, args, home)
     code, _, finished = stopped_mid_run(story, args, home, lambda p: p.send_signal(signal.SIGKILL))
     assert code == -signal.SIGKILL
@@ -143,7 +143,7 @@ def test_the_server_killed_mid_run(own_server: Served, tmp_path: Path) -> None:
     again, the rerun finishes the rest."""
     story = chat(tmp_path / "chat.jsonl", SHORT)
     home = tmp_path / "home"
-    args = ["--url", own_server.url, "--model", "smollm2", "--config", str(config(tmp_path))]
+    args = ["--url", own_server.url, "--model", MODEL, "--config", str(config(tmp_path))]
     spans = planned(story, args, home)
     code, err, finished = stopped_mid_run(story, args, home, lambda p: own_server.kill())
     assert code == 1 and err.count("\n") == 1 and own_server.url in err, err
@@ -157,7 +157,7 @@ def test_two_jobs_on_two_slots(real_server: RealServer, tmp_path: Path) -> None:
     sidecar is whole, every history rolled in story order from the one before it."""
     story = chat(tmp_path / "chat.jsonl", SHORT)
     home = tmp_path / "home"
-    args = ["--url", real_server.url, "--model", "smollm2", "--config", str(config(tmp_path))]
+    args = ["--url", real_server.url, "--model", MODEL, "--config", str(config(tmp_path))]
     spans = planned(story, args, home)
     quiet(real_server.log)
     mark = len(real_server.log.read_bytes())
