@@ -445,6 +445,23 @@ def test_an_unusable_reply_is_asked_again_differently_then_reported(tmp_path: Pa
     assert read_sidecar(sidecar_for(chat))[0].start == int(scene[1])
 
 
+def test_after_a_reply_that_loops_the_next_attempts_ask_with_a_frequency_penalty(
+    tmp_path: Path, server: StandIn
+) -> None:
+    """A loop is a small model's commonest junk, and a warmer temperature alone does not end it:
+    the attempts after one send OpenAI's `frequency_penalty` (every server takes it); after any
+    other rejection they do not."""
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 60)
+    loop = json.dumps({"title": "T", "summary": "The keeper and Mara talk. " * 60})
+    server.replies = ['{"title": "x", "summary": "The recap"}', loop, loop]
+    code, _, err = summarize(chat, server, "--debug")  # one scene, three attempts (the default)
+    assert code == 0, err
+    assert [b.get("frequency_penalty") for b in server.bodies] == [None, None, 0.5]
+    assert "attempt 2: the phrase 'the keeper and mara' repeated 60 times" in err
+    assert "(the next with frequency_penalty 0.5)" in err and err.count("(the next with") == 1
+    assert [r.model for r in read_sidecar(sidecar_for(chat))] == ["ctx extract"]  # no reply would do
+
+
 def test_a_scene_no_reply_would_do_for_is_written_as_an_extract_by_default(tmp_path: Path, server: StandIn) -> None:
     """The default last resort: the scene's own lines, marked as an extract (`ctx scenes` lists
     it), the run going on and exiting 0."""

@@ -6,15 +6,24 @@ summary, would stand in every later prompt as "what happened". Each part of a re
 summary, the title, the history — is checked against the scene and the prompt it answers:
 
 - not empty;
-- not a loop: no line makes up half of the lines (of three or more), and no phrase of four
-  words covers more than a third of the text;
+- not a loop: no line makes up half of the lines (of three or more), no phrase of four words
+  covers more than a third of the text, and no more than half of a longer text's four-word
+  phrases repeat one said before in it (a sentence said over and over);
 - not the prompt's own words: at most a third of its five-word phrases occur in the prompt's
   instructions (a title: not mostly the instructions' words);
+- an account, not a heading (a summary or a history): at least `LEAST_WORDS` words, and not
+  written like a title, its content words nearly all capitalised;
 - about the scene (a summary or a history): it names one of the scene's speakers or named
   characters, when the scene has any, and at least a fifth of its content words occur in the
-  scene (for a history: in the scene or the story so far it was rolled from).
+  scene (for a history: in the scene or the story so far it was rolled from). A name is named
+  as a name is written, capitalised: "the palace" does not name the Palace. A named character
+  is a capitalised word that is no sentence's first and never written lower-case in the scene
+  (so a word capitalised in a heading is not one), nor a day, a month, a title such as Herr or
+  Mrs, or the pronoun I. It gives no year the scene does not (a four-digit number from 1000 to
+  2999 found in neither: a small model's invented "In 1923, a young man…").
 
-`rejected` says why a text fails, or None. The rule is docs/summaries.md's.
+`rejected` says why a text fails, or None. The rule is the README's ("Every reply is checked
+against its scene").
 """
 
 from __future__ import annotations
@@ -36,6 +45,12 @@ STOPWORDS = frozenset(
     was we were what when where which while who whom why will with would you your scene story
     summary history recap""".split()
 )
+# Capitalised words that name no one: the pronoun I, the days and months, titles before a name.
+NOT_NAMES = frozenset(
+    """i i'm i'd i'll i've monday tuesday wednesday thursday friday saturday sunday january february
+    march april may june july august september october november december mr mrs ms miss dr sir
+    madam lady lord herr frau fräulein monsieur madame mademoiselle señor señora""".split()
+)
 LOOP_LINE_SHARE = 0.5  # one line this share of the lines (of 3 or more) is a loop
 LOOP_PHRASE = 4  # words in a phrase whose repeats are counted
 LOOP_PHRASE_SHARE = 1 / 3  # repeats of one phrase covering this share of the words is a loop
@@ -43,6 +58,11 @@ ECHO_PHRASE = 5  # words in a phrase looked for in the prompt
 ECHO_SHARE = 1 / 3  # this share of a text's phrases found in the prompt is an echo
 SCENE_WORD_SHARE = 0.2  # at least this share of the content words must occur in the scene
 SHORT = 12  # a text of fewer words than this is judged by its words, not its phrases
+LEAST_WORDS = 8  # a summary or a history of fewer words than this is a heading, not an account
+TITLE_SHARE = 0.75  # a summary or a history this share of whose content words are capitalised is a title
+REPEATS_FROM = 30  # a text of this many words or more is looked at for its phrases repeated
+REPEAT_SHARE = 0.5  # more than this share of its four-word phrases repeating earlier ones is a loop
+YEAR = re.compile(r"(?<![\w.,])[12]\d{3}(?!\d|[.,]\d)")
 # Scripts written without spaces between words: kana, CJK ideographs, Thai, Lao, Khmer, Myanmar.
 UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff]")
 
@@ -59,13 +79,15 @@ class Scene:
     @classmethod
     def of(cls, text: str, speakers: Iterable[str], instructions: str) -> Scene:
         """A scene's speakers, and the capitalised words of its text that are no sentence's first
-        (a named character, a place), by their lower-case form."""
+        and never written lower-case in it (a named character, a place), by their lower-case
+        form; a day, a month, a title or the pronoun I is none."""
         names = {s.lower() for s in speakers if s}
+        lower = {w for w in WORD.findall(text) if w[0].islower()}
         for match in NAME.finditer(text):
             before = text[: match.start()].rstrip()
-            if before and before[-1] not in ".!?:\n]\"“'‘":
+            if before and before[-1] not in ".!?:\n]\"“'‘" and match[0].lower() not in lower:
                 names.add(match[0].lower())
-        return cls(text, frozenset(names - STOPWORDS), instructions)
+        return cls(text, frozenset(names - STOPWORDS - NOT_NAMES), instructions)
 
 
 def words(text: str) -> list[str]:
@@ -89,6 +111,26 @@ def looping(text: str) -> str | None:
         gram, times = Counter(grams).most_common(1)[0]
         if times >= 3 and times * LOOP_PHRASE / len(found) > LOOP_PHRASE_SHARE:
             return f"the phrase {' '.join(gram)!r} repeated {times} times"
+    if len(found) >= REPEATS_FROM:
+        repeats = len(grams) - len(set(grams))
+        if repeats / len(grams) > REPEAT_SHARE:
+            return f"{repeats} of its {len(grams)} four-word phrases repeat earlier ones"
+    return None
+
+
+def heading(text: str) -> str | None:
+    """Why `text` is a heading rather than an account of what happened (too short, or written
+    like a title), or None."""
+    letters = sum(c.isalpha() for c in text)
+    if letters and len(UNSPACED.findall(text)) > letters / 3:  # words cannot be counted: characters are
+        return f"it is too short to tell what happened ({letters} letters)" if letters < 2 * LEAST_WORDS else None
+    found = WORD.findall(text)
+    if len(found) < LEAST_WORDS:
+        return f"it is too short to tell what happened ({len(found)} words)"
+    content = [w for w in found if w.lower() not in STOPWORDS and len(w) > 2 and not w.isdigit()]
+    capitalised = sum(w[0].isupper() for w in content)
+    if len(content) >= 3 and capitalised / len(content) >= TITLE_SHARE:
+        return "it is written like a title, not an account"
     return None
 
 
@@ -119,7 +161,10 @@ def off_scene(text: str, scene: Scene, also: str = "") -> str | None:
     letters = sum(c.isalpha() for c in scene.text)
     unspaced = letters > 0 and len(UNSPACED.findall(scene.text)) > letters / 3
     lower = text.lower()
-    named = any(n in lower for n in scene.names) if unspaced else any(w in scene.names for w in found)
+    # a name as a name is written, capitalised (a speaker's two words as a pair)
+    written = [w.lower() for w in WORD.findall(text) if not w[0].islower()]
+    pairs = {" ".join(pair) for pair in zip(written, written[1:], strict=False)}
+    named = any(n in lower for n in scene.names) if unspaced else any(w in scene.names for w in (*written, *pairs))
     if scene.names and not named:
         return "it names no one of the scene"
     if unspaced:
@@ -128,6 +173,9 @@ def off_scene(text: str, scene: Scene, also: str = "") -> str | None:
     if not content:
         return "it holds no word of the scene"
     known = set(words(scene.text)) | set(words(also))
+    invented = sorted(set(YEAR.findall(text)) - known)
+    if invented:
+        return f"it gives a year the scene does not ({', '.join(invented[:3])})"
     share = sum(w in known for w in content) / len(content)
     if share < SCENE_WORD_SHARE:
         return f"only {share:.0%} of its words occur in the scene"
@@ -141,5 +189,5 @@ def rejected(kind: str, text: str, scene: Scene, also: str = "") -> str | None:
         return "it is empty"
     reason = looping(text) or echoing(text, scene.instructions)
     if reason is None and kind != "title":
-        reason = off_scene(text, scene, also)
+        reason = heading(text) or off_scene(text, scene, also)
     return reason

@@ -37,6 +37,7 @@ SPARE = 0.15  # of the window, kept free: the model's tokenizer may count more t
 PER_MESSAGE = 8  # tokens a chat template adds around each message, about
 TOKENS_PER_WORD = 2  # max_tokens asked per word wanted: room for any language, and the JSON
 TEMPERATURE_STEP = 0.3  # each attempt after the first asks this much warmer
+LOOP_PENALTY = 0.5  # the frequency_penalty of each attempt after a reply that looped (OpenAI's field: every server's)
 TOP_TEMPERATURE = 1.2
 CHARS_PER_WORD = 12  # a summary or history is taken up to this many characters a word asked for
 TITLE_CHARS = 120  # a title is taken up to this many characters
@@ -347,8 +348,10 @@ class Asker:
     ) -> tuple[str, str]:
         """(the text of field `name` that passes the checks, the reply's title when one passes).
         Each attempt asks differently: the temperature a step higher, and the reply's form one
-        step looser (JSON schema, then any JSON object, then prose that ctx reads)."""
-        extra = {"repeat_penalty": self.options.repeat_penalty} if self.options.repeat_penalty > 0 else None
+        step looser (JSON schema, then any JSON object, then prose that ctx reads); after a
+        reply that looped, with a `frequency_penalty` too (a small model's loops are its
+        commonest junk, and a warmer temperature alone does not end them)."""
+        extra = {"repeat_penalty": self.options.repeat_penalty} if self.options.repeat_penalty > 0 else {}
         last = ""
         tries = 0
         while tries < self.options.attempts:
@@ -361,7 +364,7 @@ class Asker:
                     max_tokens=max_tokens,
                     temperature=temperature,
                     response_format=self._format(name, words, mode),
-                    extra=extra,
+                    extra=extra or None,
                 )
             except FormatRefused:
                 with self.lock:
@@ -384,8 +387,13 @@ class Asker:
                     title = ""
                 return text, title
             last = " ".join(reply.text[:400].split())[:80]
+            looped = checks.looping(text or reply.text) is not None and "frequency_penalty" not in extra
+            then = ""
+            if looped and tries < self.options.attempts:
+                extra = {**extra, "frequency_penalty": LOOP_PENALTY}
+                then = f" (the next with frequency_penalty {LOOP_PENALTY})"
             with self.lock:
-                self.progress.rejected.append(f"{what}: attempt {tries}: {why}: {last!r}")
+                self.progress.rejected.append(f"{what}: attempt {tries}: {why}: {last!r}{then}")
         raise SummarizeError(
             f"{self.backend.url}: {what}: {tries} replies held no usable {name} (the last: {last!r}); "
             "run again, or try another model"
