@@ -291,6 +291,18 @@ def test_every_kind_answers_window_tokenize_and_chat(serve: Any, name: str) -> N
     assert server.seen["/v1/chat/completions"] == 2
 
 
+@pytest.mark.parametrize(
+    ("name", "penalty"),
+    [
+        ("llama.cpp", {"repeat_penalty": 1.1}),  # its own, which ended SmolLM2's loops
+        ("vLLM", {"repetition_penalty": 1.1}),
+        *((name, {"frequency_penalty": 0.5}) for name in ("KoboldCpp", "TabbyAPI", "Ollama", "OpenAI")),
+    ],
+)
+def test_each_kind_says_how_a_reply_that_looped_is_asked_again(serve: Any, name: str, penalty: dict) -> None:
+    assert backend(serve(STAND_INS[name]())).loop_penalty() == penalty
+
+
 def test_every_window_endpoint_is_asked() -> None:
     """A kind whose window can be asked before the kind is known is in `WINDOWS`, once."""
     own = [kind for kind in SERVERS.values() if type(kind).window is not ServerKind.window]

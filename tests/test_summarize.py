@@ -55,6 +55,7 @@ class StandIn(QuietServer):
         self.rolling = False  # a history names the history it was rolled from, then the scene
         self.on_request: Callable[[int], None] | None = None  # called with each chat request's number (1, 2, …)
         self.models: list[str] | None = None  # what GET /v1/models lists; None: a 404, as llama.cpp's /props is alone
+        self.model_path = ""  # /props says it (as llama.cpp's does) when set
 
 
 class _Handler(JSONHandler):
@@ -63,6 +64,10 @@ class _Handler(JSONHandler):
     def do_GET(self) -> None:
         if self.path == "/v1/models" and self.server.models is not None:
             self._send(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in self.server.models]})
+            return
+        if self.path == "/props" and self.server.model_path:
+            settings = {"n_ctx": self.server.window}
+            self._send(200, {"default_generation_settings": settings, "model_path": self.server.model_path})
             return
         self._props(self.server.window)
 
@@ -460,6 +465,24 @@ def test_after_a_reply_that_loops_the_next_attempts_ask_with_a_frequency_penalty
     assert "attempt 2: the phrase 'the keeper and mara' repeated 60 times" in err
     assert "(the next with frequency_penalty 0.5)" in err and err.count("(the next with") == 1
     assert [r.model for r in read_sidecar(sidecar_for(chat))] == ["ctx extract"]  # no reply would do
+
+
+def test_against_llama_cpp_the_penalty_is_its_own_and_a_stronger_one_of_the_users_stands(
+    tmp_path: Path, server: StandIn
+) -> None:
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 60)
+    loop = json.dumps({"title": "T", "summary": "The keeper and Mara talk. " * 60})
+    server.model_path = "/models/smol.gguf"  # its /props says what llama.cpp's says
+    for given, sent in ((0.0, 1.1), (1.3, 1.3)):
+        sidecar_for(chat).unlink(missing_ok=True)
+        config = tmp_path / "config.toml"
+        config.write_text(f"[summarize]\nrepeat_penalty = {given}\n", encoding="utf-8")
+        server.bodies.clear()
+        server.replies = [loop, loop, loop]
+        code, _, err = summarize(chat, server, "--config", str(config))
+        assert code == 0, err
+        assert [b.get("repeat_penalty") for b in server.bodies] == [given or None, sent, sent]
+        assert all("frequency_penalty" not in b for b in server.bodies)
 
 
 def test_a_scene_no_reply_would_do_for_is_written_as_an_extract_by_default(tmp_path: Path, server: StandIn) -> None:

@@ -188,6 +188,11 @@ class Backend:
             self._models = tuple(dict.fromkeys(unicode_text(i) for i in ids if isinstance(i, str) and i.strip()))
         return self._models or None
 
+    def loop_penalty(self) -> dict[str, float]:
+        """The request fields that keep this server's model from repeating itself
+        (`ServerKind.loop_penalty`): what a reply that looped is asked again with."""
+        return dict(self._detected()[0].loop_penalty)
+
     def server(self) -> Server:
         """What the server is (asked once, then remembered; see `servers.Server`): each kind of
         `servers.SERVERS` asked in turn whether the server is one, a few GETs each answered by

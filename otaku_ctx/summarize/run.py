@@ -37,7 +37,6 @@ SPARE = 0.15  # of the window, kept free: the model's tokenizer may count more t
 PER_MESSAGE = 8  # tokens a chat template adds around each message, about
 TOKENS_PER_WORD = 2  # max_tokens asked per word wanted: room for any language, and the JSON
 TEMPERATURE_STEP = 0.3  # each attempt after the first asks this much warmer
-LOOP_PENALTY = 0.5  # the frequency_penalty of each attempt after a reply that looped (OpenAI's field: every server's)
 TOP_TEMPERATURE = 1.2
 CHARS_PER_WORD = 12  # a summary or history is taken up to this many characters a word asked for
 TITLE_CHARS = 120  # a title is taken up to this many characters
@@ -349,9 +348,11 @@ class Asker:
         """(the text of field `name` that passes the checks, the reply's title when one passes).
         Each attempt asks differently: the temperature a step higher, and the reply's form one
         step looser (JSON schema, then any JSON object, then prose that ctx reads); after a
-        reply that looped, with a `frequency_penalty` too (a small model's loops are its
-        commonest junk, and a warmer temperature alone does not end them)."""
+        reply that looped, with the server's penalty on repeating too (`Backend.loop_penalty`:
+        a small model's loops are its commonest junk, and a warmer temperature alone does not
+        end them)."""
         extra = {"repeat_penalty": self.options.repeat_penalty} if self.options.repeat_penalty > 0 else {}
+        penalized = False
         last = ""
         tries = 0
         while tries < self.options.attempts:
@@ -387,11 +388,11 @@ class Asker:
                     title = ""
                 return text, title
             last = " ".join(reply.text[:400].split())[:80]
-            looped = checks.looping(text or reply.text) is not None and "frequency_penalty" not in extra
             then = ""
-            if looped and tries < self.options.attempts:
-                extra = {**extra, "frequency_penalty": LOOP_PENALTY}
-                then = f" (the next with frequency_penalty {LOOP_PENALTY})"
+            if not penalized and tries < self.options.attempts and checks.looping(text or reply.text) is not None:
+                penalty = self.backend.loop_penalty()  # the user's own stronger one stands
+                extra, penalized = {**extra, **{k: max(v, extra.get(k, v)) for k, v in penalty.items()}}, True
+                then = " (the next with " + ", ".join(f"{k} {v:g}" for k, v in penalty.items()) + ")"
             with self.lock:
                 self.progress.rejected.append(f"{what}: attempt {tries}: {why}: {last!r}{then}")
         raise SummarizeError(
