@@ -31,12 +31,12 @@ EXAMPLES = {
     ),
     "summarize": examples(
         f"ctx summarize {CHAT} --dry-run   # no server",
-        f"ctx summarize chat.jsonl --url {SERVER} --model model",
+        f"ctx summarize chat.jsonl --url {SERVER} --model smol",
     ),
     "scenes": examples(
         f"ctx scenes {STORY}",
         f"ctx scenes {STORY} --show 4",
-        f"ctx scenes chat.jsonl --redo 4-6 --url {SERVER} --model model",
+        f"ctx scenes chat.jsonl --redo 4-6 --url {SERVER} --model smol",
     ),
     "serve": examples(
         "llama-server -m model.gguf -c 8192 &",
