@@ -145,9 +145,14 @@ def render_messages(fmt: Format, blocks: Sequence[Block]) -> list[dict[str, str]
     if not fmt.chat_template:
         return _messages(fmt, turns(fmt, blocks))
     chats = template_chats(fmt, blocks)
-    if not any(m["role"] != "system" for m in chats[0][0]):
+    if not _holds_a_turn(chats[0][0]):
         return chats[0][0]  # a frame alone, which no server is sent: pricing's stand-in
     return _first_accepted(fmt, chats)[0]
+
+
+def _holds_a_turn(messages: Sequence[dict[str, str]]) -> bool:
+    """Whether a chat holds a user or assistant message (a chat a server is ever sent does)."""
+    return any(m["role"] != "system" for m in messages)
 
 
 def _first_accepted(fmt: Format, chats: list[tuple[list[dict[str, str]], bool]]) -> tuple[list[dict[str, str]], str]:
@@ -206,17 +211,17 @@ def _template_pieces(fmt: Format, blocks: Sequence[Block]) -> list[str]:
     examples/lighthouse-case4.jsonl at windows of 4,096 and 16,384 with ChatML's and Llama
     3.1's templates, the head and tail priced 2,629 and 5,967 tokens (ChatML) in one piece, a token
     more in pieces, against 2,590 and 5,876 counted, in 14-25 ms a build either way."""
-    chats = template_chats(fmt, blocks)
-    if any(m["role"] != "system" for m in chats[0][0]):
-        return [_first_accepted(fmt, chats)[1]]
-    # A frame alone (pricing's stand-in: no server is sent a chat of no turn) is priced as the
-    # template renders it, or, for a template that cannot take a chat without a turn
-    # (Nemotron Nano v2's), with a blank user turn after it: a little more, never less.
     from ...errors import TemplateError
 
+    chats = template_chats(fmt, blocks)
     try:
         return [_first_accepted(fmt, chats)[1]]
     except TemplateError:
+        if _holds_a_turn(chats[0][0]):
+            raise
+        # A frame alone (pricing's stand-in: no server is sent a chat of no turn), for a template
+        # that cannot take a chat without a turn (Nemotron Nano v2's), is priced with a blank
+        # user turn after it: a little more, never less.
         blank = [(messages + [{"role": "user", "content": ""}], False) for messages, _ in chats]
         return [_first_accepted(fmt, blank)[1]]
 
