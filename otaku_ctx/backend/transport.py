@@ -87,6 +87,11 @@ class Retry:
         return max(0.0, min(wanted, self.cap))
 
 
+def too_large(url: str) -> BadReply:
+    """The error of a reply from `url` past `LIMIT`, as every reader of a reply says it."""
+    return BadReply(url, f"a reply of over {LIMIT // (1 << 20)} MiB")
+
+
 @dataclass(frozen=True)
 class Answer:
     """A reply read whole. `headers` has lower-case names."""
@@ -275,7 +280,7 @@ class Transport:
                 chunks.append(chunk)
                 size += len(chunk)
                 if size > LIMIT:
-                    raise BadReply(url, f"a reply of over {LIMIT // (1024 * 1024)} MiB")
+                    raise too_large(url)
         except http.client.IncompleteRead as cut:
             got = size + len(cut.partial)
             expected = f" of {got + cut.expected}" if cut.expected is not None else ""

@@ -18,7 +18,7 @@ import aiohttp
 
 from ..backend import BackendError, BadReply, KeyMissing, ServerError, TimedOut, Unreachable
 from ..backend.failures import one_line, what_the_server_said
-from ..backend.transport import LIMIT
+from ..backend.transport import LIMIT, too_large
 
 
 class Upstream:
@@ -54,7 +54,7 @@ class Upstream:
         while chunk := await response.content.read(1 << 16):
             size += len(chunk)
             if size > LIMIT:
-                raise BadReply(str(response.url), f"a reply of over {LIMIT // (1 << 20)} MiB")
+                raise too_large(str(response.url))
             chunks.append(chunk)
         return b"".join(chunks)
 
