@@ -45,6 +45,7 @@ class StandIn(QuietServer):
         self.mode = ""
         self.delay = 0.0
         self.summary_delay = 0.0
+        self.loops = 0  # this many summary replies first come back as a loop
         self.bodies: list[dict[str, Any]] = []  # the live chat requests, as received
         self.summaries: list[dict[str, Any]] = []  # the summary and history requests
         self.completions: list[bytes] = []
@@ -172,6 +173,10 @@ class _Handler(JSONHandler):
             text = json.dumps({"history": "So far Mara and the keeper have talked."})
         if "history" in json.dumps(body.get("response_format") or {}):
             text = json.dumps({"history": "So far Mara and the keeper have talked."})
+        with stand_in.lock:
+            looping, stand_in.loops = stand_in.loops > 0, stand_in.loops - 1
+        if looping:
+            text = json.dumps({"title": "A scene", "summary": "Mara and the keeper talk. " * 60})
         with stand_in.lock:
             stand_in.events.append(("summary-end", time.monotonic()))
         self._send(
@@ -607,6 +612,55 @@ def test_summaries_are_written_in_the_background_and_used(stand_in: StandIn) -> 
         [sidecar] = (Path(os.environ["OTAKU_HOME"]) / "chats").glob("*.ctx-summaries")
         records = read_sidecar(sidecar)
         assert records and records[-1].end <= 60 - 4  # the newest `settle` messages are left alone
+    finally:
+        running.stop()
+
+
+def test_a_summary_reply_that_loops_is_asked_again_with_the_servers_penalty(stand_in: StandIn) -> None:
+    """Serve's summarizer reaches the backend through its gate (`GatedBackend`), which must
+    offer all `summarize.run` asks of a backend: a loop asks for the server's loop penalty."""
+    stand_in.window, stand_in.loops = 1200, 1
+    running = Running(Service(settings_for(stand_in.url, summarize=True)))
+    try:
+        talk = client(running)
+        with pytest.raises(openai.BadRequestError, match="summaries are being written"):
+            talk.chat.completions.create(model="local", messages=chat(60), max_tokens=200)
+        home = Path(os.environ["OTAKU_HOME"]) / "chats"
+        deadline = time.monotonic() + 60  # a hang guard
+        while not list(home.glob("*.ctx-summaries")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(home.glob("*.ctx-summaries")), _get(running, "/ctx/stats")
+        [sidecar] = home.glob("*.ctx-summaries")
+        penalties = {"repeat_penalty", "frequency_penalty", "repetition_penalty"}
+        first, again = stand_in.summaries[:2]
+        assert not penalties & first.keys() and penalties & again.keys()
+        assert "talk. Mara" not in read_sidecar(sidecar)[0].summary
+    finally:
+        running.stop()
+
+
+def test_a_summarizer_that_fails_says_so_in_the_next_refusal(
+    stand_in: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in the summarizer is logged with its traceback, and the client's next refusal says
+    the last try failed rather than only that summaries are being written."""
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("otaku_ctx.serve.summaries.run", broken)
+    stand_in.window = 1200
+    running = Running(Service(settings_for(stand_in.url, summarize=True)))
+    try:
+        talk = client(running)
+        said = ""
+        deadline = time.monotonic() + 30  # a hang guard
+        while "the last try failed" not in said and time.monotonic() < deadline:
+            with pytest.raises(openai.BadRequestError) as refused:
+                talk.chat.completions.create(model="local", messages=chat(60), max_tokens=200)
+            said = str(refused.value)
+            time.sleep(0.1)
+        assert "the last try failed: an error in ctx serve itself (its log has the traceback)" in said, said
     finally:
         running.stop()
 

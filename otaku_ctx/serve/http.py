@@ -259,10 +259,12 @@ class Service:
         log.info("chat %s · %d messages · case 6 · refused (needs %d)", key[:12], len(story), refusal.needed_context)
         if work is not None and work.requests_left:
             left = f"{work.scenes_left} scenes left" if work.scenes_left else f"{work.requests_left} histories left"
+            last = summarizer.why.get(key) if summarizer is not None else None
+            tried = f"; the last try failed: {last}" if last else ""
             return error(
                 400,
                 f"ctx serve: this chat does not fit the backend's window yet; summaries are being written: {left}"
-                " (send again when they are)",
+                f" (send again when they are){tried}",
                 code="summaries_pending",
             )
         failed = summarizer.why.get(key) if summarizer is not None else None

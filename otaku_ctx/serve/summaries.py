@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any
 
 from ..backend import Backend, BackendError, Reply
 from ..config import Settings
@@ -75,8 +75,8 @@ class Gate:
 
 
 class GatedBackend:
-    """The backend as the summarizer sees it: each chat request waits at the gate. Only what
-    `summarize.run` uses of a `Backend` (`chat`, `url`, `model`, `window`)."""
+    """The backend as the summarizer sees it: each chat request waits at the gate. What
+    `summarize.run` uses of a `Backend` (`summarize.SummaryBackend`), and nothing else."""
 
     def __init__(self, backend: Backend, gate: Gate) -> None:
         self.backend, self.gate = backend, gate
@@ -88,6 +88,9 @@ class GatedBackend:
     def chat(self, messages: Sequence[Mapping[str, str]], **asked: Any) -> Reply:
         with self.gate.summary():
             return self.backend.chat(messages, **asked)
+
+    def loop_penalty(self) -> dict[str, float]:
+        return self.backend.loop_penalty()
 
 
 @dataclass
@@ -165,8 +168,7 @@ class Summarizer:
         if work is not None and work.plan is not None:
             return work
         prompts = prompts_of(self.settings, self.count)
-        backend = cast(Backend, self.backend)
-        return Work(story, plan_for(story, self.store.records(key), prompts, self.settings, backend))
+        return Work(story, plan_for(story, self.store.records(key), prompts, self.settings, self.backend))
 
     def left(self, key: str) -> Work | None:
         with self._lock:
@@ -202,6 +204,7 @@ class Summarizer:
                 log.exception("chat %s: summaries not written", key[:12])
                 with self._lock:
                     self.failed[key] = len(story)
+                    self.why[key] = "an error in ctx serve itself (its log has the traceback)"
             finally:
                 with self._lock:
                     self.working.pop(key, None)
@@ -210,7 +213,7 @@ class Summarizer:
         story = work.story
         records = self.store.records(key)
         prompts = prompts_of(self.settings, self.count)
-        backend = cast(Backend, self.backend)  # what `run` and `plan_for` use of one, gated
+        backend = self.backend
         chosen = self.counting(lambda: plan_for(story, records, prompts, self.settings, backend))
         with self._lock:
             self.why.pop(key, None)

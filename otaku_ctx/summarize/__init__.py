@@ -16,7 +16,19 @@ from ..story.sidecar import Record
 from ..tokens import TokenCounter
 from .commits import Commits, check_writable
 from .prompts import Prompt, load_prompt
-from .run import DEFAULT_WINDOW, Options, Plan, Planned, Progress, Prompts, Report, SummarizeError, plan, run
+from .run import (
+    DEFAULT_WINDOW,
+    Options,
+    Plan,
+    Planned,
+    Progress,
+    Prompts,
+    Report,
+    SummarizeError,
+    SummaryBackend,
+    plan,
+    run,
+)
 from .spans import Cutting, pack
 
 __all__ = [
@@ -101,7 +113,7 @@ def plan_for(
     records: list[Record],
     prompts: Prompts,
     s: SummarizeSettings,
-    backend: Backend | None,
+    backend: SummaryBackend | None,
     redo: frozenset[int] = frozenset(),
 ) -> Plan:
     """The plan at the summarizer's window: `window` when set, else the server's (asked only

@@ -15,12 +15,12 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
-from ..backend import Backend, BadReply, ContextTooLong, FormatRefused, Reply
+from ..backend import BadReply, ContextTooLong, FormatRefused, Reply
 from ..backend.client import unicode_text
 from ..errors import OtakuError
 from ..story.model import Scene, Story
@@ -306,6 +306,28 @@ class Report:
         return facts
 
 
+class SummaryBackend(Protocol):
+    """What a summary run uses of a `Backend`: serve's gated one (`serve.summaries.GatedBackend`)
+    is another, so the type checker holds the two to the same fields."""
+
+    url: str
+    model: str
+
+    def window(self) -> int | None: ...
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        max_tokens: int,
+        temperature: float,
+        response_format: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Reply: ...
+
+    def loop_penalty(self) -> dict[str, float]: ...
+
+
 class Asker:
     """Asks the model for one field of a JSON reply: `response_format` json_schema first, then
     json_object when the server refuses it, then plain instructions; a reply with no usable text
@@ -313,7 +335,7 @@ class Asker:
 
     MODES = ("json_schema", "json_object", "plain")
 
-    def __init__(self, backend: Backend, options: Options, progress: Progress) -> None:
+    def __init__(self, backend: SummaryBackend, options: Options, progress: Progress) -> None:
         self.backend, self.options, self.progress = backend, options, progress
         self.mode = 0
         self.lock = threading.Lock()
@@ -462,7 +484,7 @@ Save = Callable[[list[Record]], None]
 
 def run(
     plan: Plan,
-    backend: Backend,
+    backend: SummaryBackend,
     prompts: Prompts,
     save: Save,
     progress: Progress | None = None,
