@@ -198,8 +198,8 @@ def test_in_chat_position_puts_the_story_string_at_depth_with_its_role() -> None
     assert default[0] == Block("system", "STORY", kind="story")
 
 
-def test_without_always_add_name_the_prompt_ends_on_the_last_message() -> None:
-    text = prompt(_preset_file({"story_string": "S", "chat_start": "", "example_separator": "",
+def test_without_always_add_name_the_prompt_ends_on_the_last_message(tmp_path: Path) -> None:
+    text = prompt(_preset_file(tmp_path, {"story_string": "S", "chat_start": "", "example_separator": "",
                                 "always_force_name2": False}))  # fmt: skip
     assert text.endswith("Wren: Then let's not waste it.")
 
@@ -213,12 +213,12 @@ def test_stop_strings() -> None:
     assert stop_strings(quiet, ["Wren"]) == []
 
 
-def test_stop_strings_in_a_request_body() -> None:
+def test_stop_strings_in_a_request_body(tmp_path: Path) -> None:
     """names_as_stop_strings lists the user, never the character who is to speak."""
     body = json.loads(prompt(ST / "context" / "default.json", "chatml", emit="openai-completion"))
     assert body["stop"][0] == "\nWren:" and "\nIlya:" not in body["stop"] and "<|im_end|>" in body["stop"]
     assert "\n***" not in body["stop"]  # the Default preset's use_stop_strings is false
-    custom = _preset_file({"story_string": "S", "use_stop_strings": True, "chat_start": "###"})
+    custom = _preset_file(tmp_path, {"story_string": "S", "use_stop_strings": True, "chat_start": "###"})
     assert json.loads(prompt(custom, "chatml", emit="openai-completion"))["stop"][-2:] == ["\n###", "\n***"]
 
 
@@ -244,15 +244,7 @@ def test_budget_invariants_hold_for_presets(
     run_invariants(s, shape, fraction, reserve, emit, "cl100k_base", str(ST / "context" / f"{name}.json"), fmt)  # type: ignore[arg-type]
 
 
-_made: dict[str, Path] = {}
-
-
-def _preset_file(data: dict[str, object]) -> Path:
-    import tempfile
-
-    key = json.dumps(data, sort_keys=True)
-    if key not in _made:
-        path = Path(tempfile.mkdtemp()) / "preset.json"
-        path.write_text(key, encoding="utf-8")
-        _made[key] = path
-    return _made[key]
+def _preset_file(folder: Path, data: dict[str, object]) -> Path:
+    path = folder / "preset.json"
+    path.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
+    return path

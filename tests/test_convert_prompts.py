@@ -79,11 +79,11 @@ def test_a_converted_chat_builds_the_same_prompts(chat: str, persona: str | None
     assert not differ, f"{chat}: the converted story builds other prompts with {differ}"
 
 
-def test_the_renamed_header_case_is_one_where_the_names_part() -> None:
+def test_the_renamed_header_case_is_one_where_the_names_part(tmp_path: Path) -> None:
     """The header's name and the card's differ, so the test above can fail: written as it
     was read, the header's "Sera" would become {{char}} in the converted story."""
     from otaku_ctx.story.convert import to_native_text
 
-    story = open_story(renamed_header(Path(__import__("tempfile").mkdtemp())), None, [CARD])
+    story = open_story(renamed_header(tmp_path), None, [CARD])
     assert story.info.char == "Sera" and '"char": "Sera"' in to_native_text(story)
     assert '"char": "Seraphina"' in native_text(story)

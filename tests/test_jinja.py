@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -386,12 +385,16 @@ def test_without_jinja2_a_template_is_one_line_naming_the_extra(monkeypatch: pyt
 # --- the budget holds with a model's template ----------------------------------------------
 
 
-# Each template with its model's BOS/EOS, as a model folder's tokenizer_config.json holds them.
-JINJA_CONFIGS = Path(tempfile.mkdtemp(prefix="ctx-jinja-"))
-for _name, _entry in json.loads((FIXTURES / "jinja" / "templates.json").read_text(encoding="utf-8")).items():
-    _source = (FIXTURES / "jinja" / _entry["path"]).read_text(encoding="utf-8")
-    _data = {"chat_template": _source, "bos_token": _entry["bos"] or None, "eos_token": _entry["eos"] or None}
-    write(JINJA_CONFIGS / _name / "tokenizer_config.json", json.dumps(_data))
+@pytest.fixture(scope="session")
+def jinja_configs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Each template with its model's BOS/EOS, as a model folder's tokenizer_config.json holds
+    them (in pytest's own temporary folder, which it cleans up)."""
+    folder = tmp_path_factory.mktemp("jinja-configs")
+    for name, entry in json.loads((FIXTURES / "jinja" / "templates.json").read_text(encoding="utf-8")).items():
+        source = (FIXTURES / "jinja" / entry["path"]).read_text(encoding="utf-8")
+        data = {"chat_template": source, "bos_token": entry["bos"] or None, "eos_token": entry["eos"] or None}
+        write(folder / name / "tokenizer_config.json", json.dumps(data))
+    return folder
 
 
 @given(
@@ -404,7 +407,7 @@ for _name, _entry in json.loads((FIXTURES / "jinja" / "templates.json").read_tex
 )
 @settings(max_examples=examples(15))  # about 0.2 s an example
 def test_invariants_with_a_models_template(
-    s: Story, shape: Shape, fraction: float, reserve: int, emit: str, template: str
+    jinja_configs: Path, s: Story, shape: Shape, fraction: float, reserve: int, emit: str, template: str
 ) -> None:
     """Random stories (system turns anywhere, the assistant first, look-alikes of control
     tokens) within the limit through strict and lenient templates alike: none refused."""
@@ -416,7 +419,7 @@ def test_invariants_with_a_models_template(
         emit,
         "cl100k_base",
         "default",
-        str(JINJA_CONFIGS / template / "tokenizer_config.json"),
+        str(jinja_configs / template / "tokenizer_config.json"),
     )
 
 
