@@ -257,17 +257,16 @@ class Service:
             except OtakuError as why:  # the plan itself fails (a message too long for the window)
                 summarizer.why.setdefault(key, str(why))
         log.info("chat %s · %d messages · case 6 · refused (needs %d)", key[:12], len(story), refusal.needed_context)
+        failed = summarizer.why.get(key) if summarizer is not None else None
         if work is not None and work.requests_left:
             left = f"{work.scenes_left} scenes left" if work.scenes_left else f"{work.requests_left} histories left"
-            last = summarizer.why.get(key) if summarizer is not None else None
-            tried = f"; the last try failed: {last}" if last else ""
+            tried = f"; the last try failed: {failed}" if failed else ""
             return error(
                 400,
                 f"ctx serve: this chat does not fit the backend's window yet; summaries are being written: {left}"
                 f" (send again when they are){tried}",
                 code="summaries_pending",
             )
-        failed = summarizer.why.get(key) if summarizer is not None else None
         remedy = "start the backend with a larger context"
         if failed:
             remedy += f" (the summaries could not be written: {failed})"

@@ -213,8 +213,7 @@ class Summarizer:
         story = work.story
         records = self.store.records(key)
         prompts = prompts_of(self.settings, self.count)
-        backend = self.backend
-        chosen = self.counting(lambda: plan_for(story, records, prompts, self.settings, backend))
+        chosen = self.counting(lambda: plan_for(story, records, prompts, self.settings, self.backend))
         with self._lock:
             self.why.pop(key, None)
         if not chosen.requests:
@@ -228,7 +227,7 @@ class Summarizer:
             "chat %s: writing summaries: %d scenes, %d requests", key[:12], len(chosen.spans), len(chosen.requests)
         )
         try:
-            report = run(chosen, backend, prompts, lambda done: self.store.save(key, done), progress)
+            report = run(chosen, self.backend, prompts, lambda done: self.store.save(key, done), progress)
         except BackendError as error:
             raise OtakuError(str(error)) from None
         missing = f", {len(report.missing)} that no reply would do for" if report.missing else ""
