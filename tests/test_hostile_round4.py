@@ -409,7 +409,11 @@ def test_a_lone_surrogate_in_a_reply_never_reaches_the_sidecar(tmp_path: Path, s
     the run goes on, and the sidecar is UTF-8 (never "check the story's text": the story is fine)."""
     from otaku_ctx.story.sidecar import read_sidecar, sidecar_for
 
-    summary = "Mara climbs the tower stairs \ud800 at dusk with the keeper."
+    told = (  # long enough for its scene (checks.brief)
+        " They talk of the lamp, the tide over the rocks, the ferry from the north shore and the bell that rang "
+        "in the storm, and they agree to keep the watch together until the morning comes."
+    )
+    summary = "Mara climbs the tower stairs \ud800 at dusk with the keeper." + told
     if where == "in the reply's content":  # the stand-in's own json.dumps escapes it: `\ud800` in the body
         summarizer.replies = ['{"title": "Stairs", "summary": "' + summary + '"}']
     else:  # escaped in the content: `\\ud800` in the body
@@ -418,7 +422,7 @@ def test_a_lone_surrogate_in_a_reply_never_reaches_the_sidecar(tmp_path: Path, s
     assert code == 0, err
     sidecar_for(chat).read_bytes().decode("utf-8")  # strict: no surrogate was written
     first = read_sidecar(sidecar_for(chat))[0]
-    assert first.summary == "Mara climbs the tower stairs \ufffd at dusk with the keeper."
+    assert first.summary == "Mara climbs the tower stairs \ufffd at dusk with the keeper." + told
 
 
 # -- #10: JSON from the server nested 100,000 deep -------------------------------------------

@@ -104,7 +104,12 @@ class _Handler(JSONHandler):
             text = scripted
         elif kind == "summary":
             a, b = numbers[0], numbers[-1]
-            text = json.dumps({"title": f"Scene {a}", "summary": f"In messages {a} to {b} the keeper and Mara talk."})
+            told = (
+                f"In messages {a} to {b} the keeper and Mara talk in the lamp room at the top of the tower, while the "
+                "tide comes in over the rocks below; they speak of the logbook, the ferry and the bell, and of the "
+                "storm that is coming, and at the end of it nothing is decided between them."
+            )
+            text = json.dumps({"title": f"Scene {a}", "summary": told})
         elif stand_in.rolling:
             earlier = prompt.split("Until now:", 1)[1].split("Then (", 1)
             text = json.dumps({"history": f"{earlier[0].strip()} | then {earlier[1].split(')', 1)[0]}"})
@@ -584,7 +589,10 @@ def test_scenes_lists_shows_and_redoes_one_scene(tmp_path: Path, server: StandIn
     hand["summary"] = "The recap of this scene only, in the order things happened."  # junk, by hand
     lines[2] = json.dumps(hand)
     kept = json.loads(lines[0])
-    kept["summary"] = "Mara and the Keeper watch the tide come in; written by hand."  # a good hand edit
+    kept["summary"] = (  # a good hand edit
+        "Mara and the Keeper watch the tide come in over the rocks while the lamp turns above them, and they "
+        "talk of the ferry from the north shore, late again tonight; written by hand."
+    )
     lines[0] = json.dumps(kept)
     sidecar.write_text("\n".join(lines) + "\n", encoding="utf-8")
     code, out, _ = run("scenes", str(chat))

@@ -191,3 +191,25 @@ def test_a_name_is_named_as_it_is_written_and_only_a_name_is_one() -> None:
     assert rejected("summary", lower.replace("the palace", "the Palace"), scene) is None
     glad = "This is a very good find, and I'm glad to see you're taking care of the gate, I'd say, at the guard."
     assert rejected("summary", glad, scene) == "it names no one of the scene"
+
+
+def test_a_summary_too_brief_for_its_scene_is_rejected() -> None:
+    """What SmolLM2-135M wrote for the tour's twenty-message scene at `repeat_penalty` 1.1, and
+    the checks let through before: eleven words for a scene of a thousand (checks.brief). The
+    same words stand for a scene of four lines, and any summary of `BRIEF_FLOOR` words does."""
+    from otaku_ctx.story.detect import read_story
+    from otaku_ctx.summarize.checks import BRIEF_FLOOR
+
+    tour = read_story(Path(__file__).parent / "fixtures" / "otaku" / "tour.md")
+    story = Story(path=tour.path, messages=tour.messages[:20])
+    scene = PROMPTS.summary_check(story, (1, 20))
+    vacuous = "A scene set by the 3rd of Frost, the VERMILION PLAYERS, Bell Harrow"
+    assert "too brief for its scene" in (rejected("summary", vacuous, scene) or "")
+    fifth = Message(5, "user", "Bell Harrow: the 3rd of Frost.", "Mara")
+    short = PROMPTS.summary_check(Story(path=STORY.path, messages=(*STORY.messages, fifth)), (1, 5))
+    assert rejected("summary", vacuous, short) is None
+    told = (
+        "Bell Harrow comes in out of the rain to the Corona with the notice for a stage manager; Emeran Falk, "
+        "awake over his brandy, takes her on, and she asks for the prompt book and the plot tables tonight."
+    )
+    assert len(told.split()) >= BRIEF_FLOOR and rejected("summary", told, scene) is None

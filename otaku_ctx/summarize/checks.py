@@ -12,7 +12,9 @@ summary, the title, the history — is checked against the scene and the prompt 
 - not the prompt's own words: at most a third of its five-word phrases occur in the prompt's
   instructions (a title: not mostly the instructions' words);
 - an account, not a heading (a summary or a history): at least `LEAST_WORDS` words, and not
-  written like a title, its content words nearly all capitalised;
+  written like a title, its content words nearly all capitalised; a summary, at least one word
+  for every `SCENE_WORDS_PER_WORD` of its scene, up to `BRIEF_FLOOR` ("A scene set by the 3rd of
+  Frost, the VERMILION PLAYERS" does not tell a scene of a thousand words);
 - about the scene (a summary or a history): it names one of the scene's speakers or named
   characters, when the scene has any, and at least a fifth of its content words occur in the
   scene (for a history: in the scene or the story so far it was rolled from). A name is named
@@ -59,6 +61,8 @@ ECHO_SHARE = 1 / 3  # this share of a text's phrases found in the prompt is an e
 SCENE_WORD_SHARE = 0.2  # at least this share of the content words must occur in the scene
 SHORT = 12  # a text of fewer words than this is judged by its words, not its phrases
 LEAST_WORDS = 8  # a summary or a history of fewer words than this is a heading, not an account
+SCENE_WORDS_PER_WORD = 50  # a summary has at least one word for each this many of its scene's
+BRIEF_FLOOR = 30  # ... but need not have more words than this
 TITLE_SHARE = 0.75  # a summary or a history this share of whose content words are capitalised is a title
 REPEATS_FROM = 30  # a text of this many words or more is looked at for its phrases repeated
 REPEAT_SHARE = 0.5  # more than this share of its four-word phrases repeating earlier ones is a loop
@@ -134,6 +138,18 @@ def heading(text: str) -> str | None:
     return None
 
 
+def brief(text: str, scene: Scene) -> str | None:
+    """Why `text` is too brief to tell its scene (one word for every `SCENE_WORDS_PER_WORD` of the
+    scene's, up to `BRIEF_FLOOR`), or None; a text whose words cannot be counted passes."""
+    if UNSPACED.search(text) or UNSPACED.search(scene.text):
+        return None
+    found, told = len(WORD.findall(text)), len(WORD.findall(scene.text))
+    least = min(BRIEF_FLOOR, told // SCENE_WORDS_PER_WORD)
+    if found < least:
+        return f"it is too brief for its scene ({found} words for {told:,}; at least {least})"
+    return None
+
+
 def echoing(text: str, instructions: str) -> str | None:
     """Why `text` is mostly the prompt's own words, or None."""
     found, said = words(text), words(instructions)
@@ -189,5 +205,5 @@ def rejected(kind: str, text: str, scene: Scene, also: str = "") -> str | None:
         return "it is empty"
     reason = looping(text) or echoing(text, scene.instructions)
     if reason is None and kind != "title":
-        reason = heading(text) or off_scene(text, scene, also)
+        reason = heading(text) or (brief(text, scene) if kind == "summary" else None) or off_scene(text, scene, also)
     return reason
