@@ -503,6 +503,25 @@ def test_a_scene_no_reply_would_do_for_is_written_as_an_extract_by_default(tmp_p
     assert code == 0 and " extract " in out.splitlines()[0]
 
 
+def test_a_history_written_as_an_extract_is_marked_so_though_its_summary_is_the_models(
+    tmp_path: Path, server: StandIn
+) -> None:
+    """The summary the model's, the history no reply would do for: the record says who wrote
+    each (`ctx.history_model`), and `ctx scenes` lists the scene as an extract, to `--redo`."""
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 120)
+    junk = json.dumps({"history": "the new story so far"})
+    server.replies = [None] * 4 + [junk] * 3  # type: ignore[list-item]  # four good summaries, then junk
+    code, _, err = summarize(chat, server)
+    assert code == 0, err
+    first, second, *_ = read_sidecar(sidecar_for(chat))
+    assert (first.model, first.history_model) == ("stand-in", "")  # a story's first history is its summary
+    assert (second.model, second.history_model) == ("stand-in", "ctx extract")
+    assert '"history_model": "ctx extract"' in sidecar_for(chat).read_text(encoding="utf-8").splitlines()[1]
+    code, out, _ = run("scenes", str(chat))
+    statuses = [line.split()[2] for line in out.splitlines()]
+    assert code == 0 and statuses[:2] == ["fresh", "extract"], out
+
+
 def test_the_server_unreachable_is_one_line_with_the_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Retried as a transport failure (the waits recorded, not slept: 1, 2 and 4 s), then one line."""
     import functools

@@ -7,7 +7,7 @@ story has. Each line is a native scene line plus `ctx`, its provenance:
 
     {"type": "scene", "id": 4, "start": 65, "end": 95, "title": "…", "summary": "…",
      "history": "…", "ctx": {"covers": "sha256:…", "messages": 31, "model": "…",
-     "made": "2025-01-01T12:00:00Z", "summary_sha": "sha256:…",
+     ["history_model": "…",] "made": "2025-01-01T12:00:00Z", "summary_sha": "sha256:…",
      "history_from": {"scene": 3, "sha": "sha256:…"} | null}}
 
 `covers` hashes the covered messages' text, so an edited, deleted or inserted message makes
@@ -99,7 +99,8 @@ class Record:
     summary: str
     history: str = ""
     covers: str = ""
-    model: str = ""
+    model: str = ""  # who wrote the summary: the model's name, or ctx's extract (summarize/extract.py)
+    history_model: str = ""  # who wrote the history, when not `model`
     made: str = ""
     summary_sha: str = ""
     history_from: dict[str, Any] | None = None
@@ -119,6 +120,7 @@ class Record:
                 "covers": self.covers,
                 "messages": self.end - self.start + 1,
                 "model": self.model,
+                **({"history_model": self.history_model} if self.history_model else {}),
                 "made": self.made,
                 "summary_sha": self.summary_sha,
                 "history_from": self.history_from,
@@ -193,6 +195,7 @@ def _record(path: Path, number: int, obj: Any) -> Record:
         history=obj.get("history", ""),
         covers=str(ctx.get("covers", "")),
         model=str(ctx.get("model", "")),
+        history_model=str(ctx.get("history_model", "")),
         made=str(ctx.get("made", "")),
         summary_sha=str(ctx.get("summary_sha", "")),
         history_from=given if isinstance(given, dict) else None,

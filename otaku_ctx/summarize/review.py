@@ -2,7 +2,8 @@
 
 The status of a scene: `story` (the story's own), `fresh` (the sidecar's, its messages as
 they were), `touched` (a small edit since: still used, to be redone), `stale` (changed: left
-out), `extract` (no reply of the model would do: the scene's own lines stand in), `rejected`
+out), `extract` (no reply of the model would do for its summary or its history: the scene's
+own lines, or the story so far and the summary, stand in), `rejected`
 (fresh, but its summary fails the check a new reply must pass, checks.py: written by hand,
 or by an older ctx), and `missing` (settled messages no scene covers yet: what `ctx
 summarize` would write)."""
@@ -43,7 +44,7 @@ def review(story: Story, records: list[Record], prompts: Prompts) -> list[Row]:
     for status, found in (("fresh", judged.fresh), ("touched", judged.touched), ("stale", judged.stale)):
         for r in found:
             why = ""
-            if status == "fresh" and r.model == EXTRACT:
+            if status == "fresh" and EXTRACT in (r.model, r.history_model):
                 status_now = "extract"
             else:
                 if status == "fresh":

@@ -652,6 +652,7 @@ def _histories(
             continue
         if gap is not None and start > gap:
             break
+        written_by = record.model if previous is None else asker.backend.model
         if previous is None:
             history = record.summary
         else:
@@ -668,13 +669,19 @@ def _histories(
                 if options.fallback != "extract":
                     missing.append((record.start, record.end, str(error)))
                     break
-                history = history_extract(earlier, record.summary, words)
+                history, written_by = history_extract(earlier, record.summary, words), EXTRACT
                 progress.rejected.append(f"{what}: written as an extract ({error})")
                 progress.extracts += 1
             finally:
                 progress.done += 1
             expected.history_done(prompts.tokens(messages), history)
-        record = replace(record, history=history, history_from=history_basis(previous), summary_sha=sha(record.summary))
+        record = replace(
+            record,
+            history=history,
+            history_model="" if written_by == record.model else written_by,
+            history_from=history_basis(previous),
+            summary_sha=sha(record.summary),
+        )
         records[start] = record
         commit()
         rolled += 1
