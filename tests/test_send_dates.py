@@ -89,3 +89,33 @@ def test_a_date_is_not_what_was_said_so_messages_alike_but_for_it_are_equal() ->
     from otaku_ctx.story.model import Message
 
     assert Message(1, "user", "Hi", "Mara", sent=LOCAL) == Message(1, "user", "Hi", "Mara")
+
+
+def test_ctx_convert_keeps_the_dates_so_a_converted_chat_is_cut_where_it_was(tmp_path: Path) -> None:
+    """The native format's `sent`: each message's date as ctx read it, aware or local, so the
+    dated dialogue converted to native JSONL reads back with every date, and `ctx summarize
+    --dry-run` cuts it where it cut the chat, for the same reasons (before, the native file kept
+    no date, and its cuts fell by size alone)."""
+    from io import BytesIO, StringIO
+
+    from otaku_ctx.cli.app import main
+    from otaku_ctx.cli.terminal import Terminal
+    from otaku_ctx.story.detect import read_story
+
+    def ctx(*argv: str) -> str:
+        out = BytesIO()
+        assert main(list(argv), Terminal(stdin=BytesIO(), stdout=out, stderr=StringIO())) == 0
+        return out.getvalue().decode()
+
+    dialogue = Path(__file__).parent / "fixtures" / "sillytavern" / "dated-dialogue.jsonl"
+    header, opening, *rows = dialogue.read_bytes().splitlines()
+    assert json.loads(opening)["extra"]["type"] == "narrator"  # native has no numbered system message first
+    chat = tmp_path / "chat.jsonl"
+    chat.write_bytes(b"\n".join([header, *rows]) + b"\n")
+    native = tmp_path / "dialogue.jsonl"
+    ctx("convert", str(chat), "-o", str(native))
+    dates = [m.sent for m in read_story(chat).messages]
+    assert sum(d is not None for d in dates) > 100 and [m.sent for m in read_story(native).messages] == dates
+    cuts = ctx("summarize", str(chat), "--dry-run", "--window", "8192").replace(str(chat), "STORY")
+    assert "send_date" in cuts
+    assert ctx("summarize", str(native), "--dry-run", "--window", "8192").replace(str(native), "STORY") == cuts

@@ -83,6 +83,8 @@ def _message_record(message: Message) -> dict[str, Any]:
     if message.name:
         record["name"] = message.name
     record["content"] = message.content
+    if message.sent is not None:  # a local date stays local: the zone it was written in is not known
+        record["sent"] = message.sent.isoformat()
     return record
 
 

@@ -1,6 +1,7 @@
 """The native story format: JSONL, one object per line (see docs/architecture.md).
 
     {"role": "user"|"assistant"|"system", "name": "Mara", "content": "..."}   a message
+      (and "sent": "2025-03-04T19:05:00Z", when it was sent, as SillyTavern's send_date says)
     {"type": "card", "name": "Ilya", "description": "...", ...}              a card (numbered)
     {"type": "scene", "id": 4, "start": 65, "end": 95, "summary": "...", "history": "..."}
     {"type": "story", "title": "...", "user": "...", "scenario": "...", ...} facts about the story
@@ -26,6 +27,7 @@ from typing import Any
 from ..errors import StoryError
 from ..files import reading
 from ..jsonload import MAX_ITEMS, JSONProblem, QuickError, loads, quick_loads
+from .dates import sent_at
 from .model import ROLES, Card, Lore, LoreEntry, Message, Scene, Story, StoryInfo
 from .worldinfo import entry_from_world_info
 
@@ -97,7 +99,9 @@ def _add_message(b: StoryBuilder, number: int, obj: dict[str, Any]) -> None:
         return
     if name:
         name = b.names.setdefault(name, name)
-    b.messages.append(Message(len(b.messages) + 1, role, content, name or None, line=number))  # type: ignore[arg-type]
+    sent = obj.get("sent")
+    sent = sent_at(sent) if sent is not None else None
+    b.messages.append(Message(len(b.messages) + 1, role, content, name or None, line=number, sent=sent))  # type: ignore[arg-type]
 
 
 def _checked_message(b: StoryBuilder, number: int, obj: dict[str, Any]) -> str | None:
@@ -397,7 +401,9 @@ def _add_records(b: StoryBuilder, records: Iterable[tuple[int, Any]]) -> bool:
             if role is not None and type(content) is str and messages and (name is None or type(name) is str):
                 if name:
                     name = names.setdefault(name, name)
-                messages.append(Message(len(messages) + 1, role, content, name or None, None, number))  # type: ignore[arg-type]
+                sent = obj.get("sent")
+                sent = sent_at(sent) if sent is not None else None
+                messages.append(Message(len(messages) + 1, role, content, name or None, None, number, sent))  # type: ignore[arg-type]
                 continue
             _add_message(b, number, obj)
             continue
