@@ -410,8 +410,8 @@ def test_a_lone_surrogate_in_a_reply_never_reaches_the_sidecar(tmp_path: Path, s
     from otaku_ctx.story.sidecar import read_sidecar, sidecar_for
 
     told = (  # long enough for its scene (checks.brief)
-        " They talk of the lamp, the tide over the rocks, the ferry from the north shore and the bell that rang "
-        "in the storm, and they agree to keep the watch together until the morning comes."
+        " Row by row the lamp turns above them and the tide comes in over the rocks below the tower, and Mara "
+        "and the Keeper watch the lamp turn and the tide come in."
     )
     summary = "Mara climbs the tower stairs \ud800 at dusk with the keeper." + told
     if where == "in the reply's content":  # the stand-in's own json.dumps escapes it: `\ud800` in the body

@@ -105,9 +105,9 @@ class _Handler(JSONHandler):
         elif kind == "summary":
             a, b = numbers[0], numbers[-1]
             told = (
-                f"In messages {a} to {b} the keeper and Mara talk in the lamp room at the top of the tower, while the "
-                "tide comes in over the rocks below; they speak of the logbook, the ferry and the bell, and of the "
-                "storm that is coming, and at the end of it nothing is decided between them."
+                f"In messages {a} to {b} the Keeper and Mara watch the lamp turn at the top of the tower while the "
+                "tide comes in over the rocks below; row by row they talk of the lamp and the tide, and at the end "
+                "of it the lamp still turns and nothing is decided."
             )
             text = json.dumps({"title": f"Scene {a}", "summary": told})
         elif stand_in.rolling:
@@ -609,8 +609,8 @@ def test_scenes_lists_shows_and_redoes_one_scene(tmp_path: Path, server: StandIn
     lines[2] = json.dumps(hand)
     kept = json.loads(lines[0])
     kept["summary"] = (  # a good hand edit
-        "Mara and the Keeper watch the tide come in over the rocks while the lamp turns above them, and they "
-        "talk of the ferry from the north shore, late again tonight; written by hand."
+        "Mara and the Keeper watch the lamp turn at the top of the tower, row after row, while the tide comes "
+        "in over the rocks below them; the Keeper says little, and this was written by hand."
     )
     lines[0] = json.dumps(kept)
     sidecar.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -213,3 +213,21 @@ def test_a_summary_too_brief_for_its_scene_is_rejected() -> None:
         "awake over his brandy, takes her on, and she asks for the prompt book and the plot tables tonight."
     )
     assert len(told.split()) >= BRIEF_FLOOR and rejected("summary", told, scene) is None
+
+
+def test_the_scene_summaries_of_otakus_sample_stories_pass_every_check() -> None:
+    """What a good summary is, for the thresholds: the scenes otaku's sample stories carry
+    (tests/fixtures/otaku, written by a large model) are each written, summary and title, against
+    their own messages. A check made stricter than its README rule (a larger SCENE_WORD_SHARE,
+    a smaller WORDS_PER_NAME) turns one of them down and fails here."""
+    from otaku_ctx.story.detect import read_story
+
+    checked = 0
+    for name in ("tour.md", "river.md"):
+        story = read_story(Path(__file__).parent / "fixtures" / "otaku" / name)
+        for s in story.scenes:
+            scene = PROMPTS.summary_check(story, (s.start, s.end))
+            assert rejected("summary", s.summary, scene) is None, (name, s.id)
+            assert rejected("title", s.title, scene) is None, (name, s.id)
+            checked += 1
+    assert checked == 17
