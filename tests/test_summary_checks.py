@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,6 +18,8 @@ from otaku_ctx.summarize import prompts_of
 from otaku_ctx.summarize.checks import looping, rejected
 from otaku_ctx.summarize.replies import field_of
 from otaku_ctx.tokens import make_counter
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 LINES = [
     ("user", "Mara", "I climb the last of the stairs. Is the lamp still lit, Keeper?"),
@@ -231,3 +234,28 @@ def test_the_scene_summaries_of_otakus_sample_stories_pass_every_check() -> None
             assert rejected("title", s.title, scene) is None, (name, s.id)
             checked += 1
     assert checked == 17
+
+
+def test_what_smollm2_wrote_for_the_tour_that_an_earlier_ctx_let_through_is_rejected(tmp_path: Path) -> None:
+    """Replies the real model sent for issue 27's tour chat (tests/fixtures/smollm2/tour-replies.json,
+    verbatim) that the checks of their day wrote to the sidecar, each set against the scene it
+    answered as the summarizer sets it: each is turned down now, and says why."""
+    from otaku_ctx.story.detect import read_story
+    from otaku_ctx.summarize.checks import Scene
+
+    otaku = str(FIXTURES / "otaku")
+    sys.path.insert(0, otaku)
+    try:
+        import make_tour_chat
+    finally:
+        sys.path.remove(otaku)
+    chat = tmp_path / "tour.jsonl"
+    chat.write_text(make_tour_chat.chat(), encoding="utf-8")
+    story = read_story(chat)
+    replies = json.loads((FIXTURES / "smollm2" / "tour-replies.json").read_text(encoding="utf-8"))["replies"]
+    whys = {"ctx before checks.overlong": "runs on past the words asked"}
+    for reply in replies:
+        scene = PROMPTS.summary_check(story, tuple(reply["scene"]))
+        assert whys[reply["accepted_by"]] in (rejected(reply["part"], reply["text"], scene) or ""), reply["scene"]
+        unasked = Scene(scene.text, scene.names, scene.instructions)  # no length asked: as the check was
+        assert rejected(reply["part"], reply["text"], unasked) is None

@@ -14,7 +14,8 @@ summary, the title, the history — is checked against the scene and the prompt 
 - an account, not a heading (a summary or a history): at least `LEAST_WORDS` words, and not
   written like a title, its content words nearly all capitalised; a summary, at least one word
   for every `SCENE_WORDS_PER_WORD` of its scene, up to `BRIEF_FLOOR` ("A scene set by the 3rd of
-  Frost, the VERMILION PLAYERS" does not tell a scene of a thousand words);
+  Frost, the VERMILION PLAYERS" does not tell a scene of a thousand words), and at most
+  `OVERLONG` times the words its prompt asks for (a reply that does not stop rambles);
 - about the scene (a summary or a history): it names one of the scene's speakers or named
   characters, when the scene has any (a summary: once at least in every `WORDS_PER_NAME` of
   its words), and at least `SCENE_WORD_SHARE` of its content words occur in the scene (for a
@@ -69,6 +70,7 @@ SHORT = 12  # a text of fewer words than this is judged by its words, not its ph
 LEAST_WORDS = 8  # a summary or a history of fewer words than this is a heading, not an account
 SCENE_WORDS_PER_WORD = 50  # a summary has at least one word for each this many of its scene's
 BRIEF_FLOOR = 30  # ... but need not have more words than this
+OVERLONG = 1.5  # a summary or a history of more than this times the words asked does not stop
 TITLE_SHARE = 0.75  # a summary or a history this share of whose content words are capitalised is a title
 REPEATS_FROM = 30  # a text of this many words or more is looked at for its phrases repeated
 REPEAT_SHARE = 0.5  # more than this share of its four-word phrases repeating earlier ones is a loop
@@ -85,9 +87,10 @@ class Scene:
     text: str
     names: frozenset[str]
     instructions: str
+    words: int = 0  # the most words the prompt asks for (0: it does not say)
 
     @classmethod
-    def of(cls, text: str, speakers: Iterable[str], instructions: str) -> Scene:
+    def of(cls, text: str, speakers: Iterable[str], instructions: str, words: int = 0) -> Scene:
         """A scene's speakers, and the capitalised words of its text that are no sentence's first
         and never written lower-case in it (a named character, a place), by their lower-case
         form; a day, a month, a title or the pronoun I is none."""
@@ -97,7 +100,7 @@ class Scene:
             before = text[: match.start()].rstrip()
             if before and before[-1] not in ".!?:\n]\"“'‘" and match[0].lower() not in lower:
                 names.add(match[0].lower())
-        return cls(text, frozenset(names - STOPWORDS - NOT_NAMES), instructions)
+        return cls(text, frozenset(names - STOPWORDS - NOT_NAMES), instructions, words)
 
 
 def words(text: str) -> list[str]:
@@ -153,6 +156,19 @@ def brief(text: str, scene: Scene) -> str | None:
     least = min(BRIEF_FLOOR, told // SCENE_WORDS_PER_WORD)
     if found < least:
         return f"it is too brief for its scene ({found} words for {told:,}; at least {least})"
+    return None
+
+
+def overlong(text: str, scene: Scene) -> str | None:
+    """Why `text` runs far past the words its prompt asks for (more than `OVERLONG` times them),
+    or None: a reply that does not stop where it was asked to rambles on ("This story is only
+    about your experience in the 18th century…") until `max_tokens` cuts it. A text whose words
+    cannot be counted passes."""
+    if not scene.words or UNSPACED.search(text):
+        return None
+    found = len(WORD.findall(text))
+    if found > scene.words * OVERLONG:
+        return f"it runs on past the words asked ({found:,} words; at most {scene.words:,} asked)"
     return None
 
 
@@ -217,5 +233,5 @@ def rejected(kind: str, text: str, scene: Scene, also: str = "") -> str | None:
     if reason is None and kind != "title":
         summary = kind == "summary"
         told = brief(text, scene) if summary else None
-        reason = heading(text) or told or off_scene(text, scene, also, summary=summary)
+        reason = heading(text) or told or overlong(text, scene) or off_scene(text, scene, also, summary=summary)
     return reason

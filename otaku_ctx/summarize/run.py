@@ -131,11 +131,13 @@ class Prompts:
     def summary_check(self, story: Story, span: Span) -> checks.Scene:
         speakers = {m.name or "" for m in story.messages[span[0] - 1 : span[1]]}
         speakers |= {m.card.name for m in story.messages[span[0] - 1 : span[1]] if m.card is not None}
-        return checks.Scene.of(scene_text(story, span), speakers, self.instructions(self.summary))
+        instructions, words = self.instructions(self.summary), self.options.summary_words
+        return checks.Scene.of(scene_text(story, span), speakers, instructions, words)
 
     def history_check(self, story: Story, span: Span, summary: str, title: str) -> checks.Scene:
         speakers = {m.name or "" for m in story.messages[span[0] - 1 : span[1]]}
-        return checks.Scene.of(f"{title}\n{summary}", speakers, self.instructions(self.history))
+        instructions, words = self.instructions(self.history), self.options.history_words
+        return checks.Scene.of(f"{title}\n{summary}", speakers, instructions, words)
 
     def summary_messages(self, story: Story, span: Span) -> list[dict[str, str]]:
         values = {"scene": scene_text(story, span), "summary_words": str(self.options.summary_words)}
