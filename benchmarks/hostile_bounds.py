@@ -67,7 +67,10 @@ CASES: dict[str, list[str]] = {
         f"{R4}::test_a_reply_trickled_a_byte_at_a_time_ends_at_the_timeout",
         f"{R4}::test_a_trickled_reply_to_summarize_is_one_line",
     ],
-    "4": [f"{R4}::test_a_reply_far_past_max_tokens_is_taken_only_as_far_as_asked"],
+    "4": [
+        f"{R4}::test_a_reply_far_past_max_tokens_is_turned_down_and_never_held_whole",
+        f"{R4}::test_a_title_far_past_max_tokens_is_cut_at_a_word",
+    ],
     "5-7": [f"{MODELS}::test_a_chat_template_past_its_bounds_is_stopped_before_the_work"],
     "8": [
         f"{MODELS}::test_a_tokenizer_json_past_its_items_is_refused_before_it_is_parsed",

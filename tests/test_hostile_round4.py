@@ -373,23 +373,42 @@ def summarize_chat(tmp_path: Path, summarizer: Any, n: int = 120, *more: str | P
 
 
 @pytest.mark.deep
-def test_a_reply_far_past_max_tokens_is_taken_only_as_far_as_asked(tmp_path: Path, summarizer: Any) -> None:
+def test_a_reply_far_past_max_tokens_is_turned_down_and_never_held_whole(tmp_path: Path, summarizer: Any) -> None:
     """Each reply holds a title, a summary and a history of 1 MiB each (a server that ignores
-    `max_tokens`): the sidecar takes a summary of at most `summary_words` × 12 characters, a
-    history of `history_words` × 12, a title of 120, each cut at a word and ended with "…"."""
+    `max_tokens`): only `summary_words` × 12 characters of it are read, which still run far past
+    the words asked, so every scene is written as an extract, and the sidecar stays small."""
     from otaku_ctx.story.sidecar import read_sidecar, sidecar_for
 
     mib = " ".join(f"Mara {i} sees {i} row {i} turn {i}." for i in range(40_000))[: 1 << 20]
     summarizer.replies = [json.dumps({"title": mib, "summary": mib, "history": mib})] * 20
+    code, _, err, chat = summarize_chat(tmp_path, summarizer, 120, "--debug")
+    assert code == 0, err
+    assert "runs on past the words asked" in err
+    records = read_sidecar(sidecar_for(chat))
+    assert len(records) >= 3 and all(r.history for r in records)
+    assert all(r.model == "ctx extract" and "Mara 1 sees" not in r.summary + r.title + r.history for r in records)
+    assert sidecar_for(chat).stat().st_size < len(records) * 10_000  # not 4 MiB for 2 scenes
+
+
+@pytest.mark.deep
+def test_a_title_far_past_max_tokens_is_cut_at_a_word(tmp_path: Path, summarizer: Any) -> None:
+    """A reply whose summary and history are good and whose title is 1 MiB long: the title is
+    taken up to 120 characters, cut at a word and ended with "…"."""
+    from otaku_ctx.story.sidecar import read_sidecar, sidecar_for
+
+    mib = " ".join(f"Mara {i} sees the lamp {i}." for i in range(60_000))[: 1 << 20]
+    told = (
+        "The Keeper and Mara watch the lamp turn at the top of the tower while the tide comes in over the rocks "
+        "below; row by row they talk of the lamp and the tide, and at the end of it nothing is decided."
+    )
+    summarizer.replies = [json.dumps({"title": mib, "summary": told, "history": told})] * 20
     code, _, err, chat = summarize_chat(tmp_path, summarizer)
     assert code == 0, err
     records = read_sidecar(sidecar_for(chat))
-    assert len(records) >= 3 and all(r.history for r in records)
+    assert len(records) >= 3
     for r in records:
-        assert len(r.summary) <= 400 * 12 and r.summary.endswith("…") and mib.startswith(r.summary[:-1])
-        assert len(r.title) <= 120 and r.title.endswith("…")
-        assert r.start == 1 or (len(r.history) <= 200 * 12 and r.history.endswith("…"))
-    assert sidecar_for(chat).stat().st_size < len(records) * 10_000  # not 4 MiB for 2 scenes
+        assert r.summary == told and r.model == "m"
+        assert len(r.title) <= 120 and r.title.endswith("…") and mib.startswith(r.title[:-1])
 
 
 def test_bounded_cuts_at_a_word() -> None:
