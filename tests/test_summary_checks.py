@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -208,7 +210,7 @@ def test_a_summary_too_brief_for_its_scene_is_rejected() -> None:
     scene = PROMPTS.summary_check(story, (1, 20))
     vacuous = "A scene set by the 3rd of Frost, the VERMILION PLAYERS, Bell Harrow"
     assert "too brief for its scene" in (rejected("summary", vacuous, scene) or "")
-    fifth = Message(5, "user", "Bell Harrow: the 3rd of Frost.", "Mara")
+    fifth = Message(5, "user", "Bell Harrow: the 3rd of Frost, the Vermilion Players.", "Mara")
     short = PROMPTS.summary_check(Story(path=STORY.path, messages=(*STORY.messages, fifth)), (1, 5))
     assert rejected("summary", vacuous, short) is None
     told = (
@@ -236,12 +238,35 @@ def test_the_scene_summaries_of_otakus_sample_stories_pass_every_check() -> None
     assert checked == 17
 
 
-def test_what_smollm2_wrote_for_the_tour_that_an_earlier_ctx_let_through_is_rejected(tmp_path: Path) -> None:
-    """Replies the real model sent for issue 27's tour chat (tests/fixtures/smollm2/tour-replies.json,
-    verbatim) that the checks of their day wrote to the sidecar, each set against the scene it
-    answered as the summarizer sets it: each is turned down now, and says why."""
+# The thresholds of each ctx that wrote a reply of accepted-replies.json to the sidecar, where
+# they differ from today's (math.inf: the rule was not there).
+THEN = {
+    "ctx before checks.overlong": {
+        "OVERLONG": math.inf,
+        "SCENE_WORDS_PER_WORD": 50,
+        "REPEAT_SHARE": 0.5,
+        "NUMBER_SHARE": math.inf,
+        "INVENTED_SHARE": math.inf,
+    },
+    "ctx 3e5403c": {
+        "SCENE_WORDS_PER_WORD": 50,
+        "REPEAT_SHARE": 0.5,
+        "NUMBER_SHARE": math.inf,
+        "INVENTED_SHARE": math.inf,
+    },
+}
+
+
+def test_what_smollm2_wrote_that_an_earlier_ctx_let_through_is_rejected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replies the real model sent for issue 27's tour chat and dated dialogue
+    (tests/fixtures/smollm2/accepted-replies.json, verbatim) that the checks of their day wrote
+    to the sidecar, each set against what it answered as the summarizer sets it (a history: the
+    scene's summary and title, and the history before it): each is turned down now, and each
+    passes again at the thresholds of the ctx that wrote it."""
     from otaku_ctx.story.detect import read_story
-    from otaku_ctx.summarize.checks import Scene
+    from otaku_ctx.summarize import checks
 
     otaku = str(FIXTURES / "otaku")
     sys.path.insert(0, otaku)
@@ -251,11 +276,20 @@ def test_what_smollm2_wrote_for_the_tour_that_an_earlier_ctx_let_through_is_reje
         sys.path.remove(otaku)
     chat = tmp_path / "tour.jsonl"
     chat.write_text(make_tour_chat.chat(), encoding="utf-8")
-    story = read_story(chat)
-    replies = json.loads((FIXTURES / "smollm2" / "tour-replies.json").read_text(encoding="utf-8"))["replies"]
-    whys = {"ctx before checks.overlong": "runs on past the words asked"}
+    stories = {"tour": read_story(chat), "dialogue": read_story(FIXTURES / "sillytavern" / "dated-dialogue.jsonl")}
+    replies = json.loads((FIXTURES / "smollm2" / "accepted-replies.json").read_text(encoding="utf-8"))["replies"]
+    assert len(replies) == 10
+
+    def why(reply: dict[str, Any]) -> str | None:
+        story, span = stories[reply["story"]], tuple(reply["scene"])
+        if reply["part"] == "history":
+            scene = PROMPTS.history_check(story, span, reply["summary"], reply["title"])
+            return rejected("history", reply["text"], scene, reply["before"])
+        return rejected(reply["part"], reply["text"], PROMPTS.summary_check(story, span))
+
     for reply in replies:
-        scene = PROMPTS.summary_check(story, tuple(reply["scene"]))
-        assert whys[reply["accepted_by"]] in (rejected(reply["part"], reply["text"], scene) or ""), reply["scene"]
-        unasked = Scene(scene.text, scene.names, scene.instructions)  # no length asked: as the check was
-        assert rejected(reply["part"], reply["text"], unasked) is None
+        assert why(reply) is not None, (reply["run"], reply["scene"], reply["part"])
+        with monkeypatch.context() as then:
+            for name, value in THEN[reply["accepted_by"]].items():
+                then.setattr(checks, name, value)
+            assert why(reply) is None, (reply["run"], reply["scene"], reply["part"])
