@@ -198,6 +198,31 @@ def test_a_name_is_named_as_it_is_written_and_only_a_name_is_one() -> None:
     assert rejected("summary", glad, scene) == "it names no one of the scene"
 
 
+def test_a_new_noun_of_a_language_that_capitalises_nouns_is_no_invented_name() -> None:
+    """A German summary words its nouns its own way (Leuchtturm, Seekarte, Erbe: capitalised, as
+    every German noun is, and not in the scene): in English those would be names the scene never
+    has; a scene capitalising a third of its words that start no sentence is one whose language
+    capitalises nouns, and the summary passes."""
+    from otaku_ctx.summarize.checks import Scene
+
+    scene = Scene.of(
+        "[1] Mara: Ich steige die letzte Treppe hinauf. Brennt die Lampe noch, Wärter?\n"
+        "[2] Keeper: Der Wärter wischt die Linse ab und sagt, dass die Flut heute Nacht früher kommt.\n"
+        "[3] Mara: Ich frage ihn nach dem Brief meines Vaters, und er holt eine Kiste aus dem Schrank.\n"
+        "[4] Keeper: In der Kiste liegen drei Briefe, ein Schlüssel und eine Karte der Küste.",
+        ["Mara", "Keeper"],
+        "Summarize the scene.",
+    )
+    told = (
+        "Mara steigt zum Leuchtturm hinauf und fragt den Wärter nach dem Nachlass ihres Vaters. Der Alte warnt "
+        "vor der Springflut, holt eine Kiste mit drei Briefen, einem Schlüssel und einer Seekarte und gibt Mara "
+        "das Erbe."
+    )
+    assert scene.nouns_capitalised and rejected("summary", told, scene) is None
+    english = Scene(scene.text, scene.names, scene.instructions)
+    assert "names what the scene never does" in (rejected("summary", told, english) or "")
+
+
 def test_a_summary_too_brief_for_its_scene_is_rejected() -> None:
     """What SmolLM2-135M wrote for the tour's twenty-message scene at `repeat_penalty` 1.1, and
     the checks let through before: eleven words for a scene of a thousand (checks.brief). The
