@@ -19,16 +19,16 @@ summary, the title, the history — is checked against the scene and the prompt 
   times the words its prompt asks for (a reply that does not stop rambles);
 - about the scene (a summary or a history): it names one of the scene's speakers or named
   characters, when the scene has any, and at least `SCENE_WORD_SHARE` of its content words
-  occur in the scene (for a
-  history: in the scene or the story so far it was rolled from). A name is named as a name is
-  written, capitalised: "the palace" does not name the Palace. A named character
-  is a capitalised word that is no sentence's first and never written lower-case in the scene
-  (so a word capitalised in a heading is not one), nor a day, a month, a title such as Herr or
-  Mrs, or the pronoun I. It gives no year the scene does not (a four-digit number from 1000 to
-  2999 found in neither: a small model's invented "In 1923, a young man…"), and is not a string
-  of numbers the scene does not hold (more than `NUMBER_SHARE` of its words: "1:35: 7:35: 2:47:";
-  "5,000" or "10:30" is one number). Where the scene reads as English (at least `ENGLISH_SHARE`
-  of its words are English function words), whose capitals and names these rules know, a
+  occur in the scene (for a history: in the scene or the story so far it was rolled from). A
+  name is named as a name is written, capitalised: "the palace" does not name the Palace. A
+  named character is a capitalised word that is no sentence's first and never written
+  lower-case in the scene (so a word capitalised in a heading is not one), nor a day, a month,
+  a title such as Herr or Mrs, or the pronoun I. It gives no year the scene does not (a
+  four-digit number from 1000 to 2999 found in neither: a small model's invented "In 1923, a
+  young man…"), and is not a string of numbers the scene does not hold (more than
+  `NUMBER_SHARE` of its words: "1:35: 7:35: 2:47:"; "5,000" or "10:30" is one number). Where
+  the scene reads as English (at least `ENGLISH_SHARE` of its words are English function
+  words), whose capitals and names these rules know, a
   summary also names the scene's people once at least in every `WORDS_PER_NAME` of its words,
   and a reply does not name mostly what the scene never does: of the names it writes
   (capitalised, no sentence's first), at most `INVENTED_SHARE` may be words the scene never has
@@ -90,11 +90,11 @@ REPEATS_FROM = 30  # a text of this many words or more is looked at for its phra
 # liar, and …"), 27 % of them.
 REPEAT_SHARE = 0.2  # more than this share of its four-word phrases repeating earlier ones is a loop
 # otaku's sample summaries hold at most one number their scene does not; SmolLM2-135M's strings
-# of times, 29 to 40 % of their words; a name their scene never has, at most 2 in 25 of their
-# names, where SmolLM2-135M's invented history had 7 in 11.
-# A faithful summary may write as digits what its scene spells out ("5,000" for "five thousand
-# crowns"): one number in 12 of its words.
+# of times, 29 to 40 % of their words; a faithful summary may write as digits what its scene
+# spells out ("5,000" for "five thousand crowns"), one number in 12 of its words.
 NUMBER_SHARE = 0.1  # numbers the scene does not hold, more than this share of the words (and 3)
+# otaku's sample summaries write at most 2 names in 25 that their scene never has;
+# SmolLM2-135M's invented history, 7 in 11.
 INVENTED_SHARE = 1 / 3  # names the scene never has, more than this share of the names (and 2)
 # English function words (STOPWORDS) are 45 to 50 % of the words of otaku's sample scenes, none
 # of a German or Russian scene's.
