@@ -101,7 +101,8 @@ INVENTED_SHARE = 1 / 3  # names the scene never has, more than this share of the
 ENGLISH_SHARE = 0.25  # a scene at least this share of whose words are English function words reads as English
 NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
 POSSESSIVE = re.compile(r"['’]s$")
-SENTENCE_STARTS = frozenset(".!?:;\n]\"“'‘(*-–—")  # a capitalised word after one of these may start a sentence
+SENTENCE_STARTS = frozenset(".!?:;]\"“'‘(*-–—")  # a capitalised word after one of these may start a sentence
+NAME_STARTS = frozenset(".!?:]\"“'‘")  # ... for finding a scene's named characters (Scene.of), fewer
 YEAR = re.compile(r"(?<![\w.,])[12]\d{3}(?!\d|[.,]\d)")
 # Scripts written without spaces between words: kana, CJK ideographs, Thai, Lao, Khmer, Myanmar.
 UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff]")
@@ -124,13 +125,12 @@ class Scene:
         and never written lower-case in it (a named character, a place), by their lower-case
         form; a day, a month, a title or the pronoun I is none."""
         names = {s.lower() for s in speakers if s}
-        lower = {w for w in WORD.findall(text) if w[0].islower()}
+        told = WORD.findall(text)
+        lower = {w for w in told if w[0].islower()}
         for match in NAME.finditer(text):
-            before = text[: match.start()].rstrip()
-            if before and before[-1] not in ".!?:\n]\"“'‘" and match[0].lower() not in lower:
+            if not starts_sentence(text, match.start(), NAME_STARTS) and match[0].lower() not in lower:
                 names.add(match[0].lower())
-        told = [w.lower() for w in WORD.findall(text)]
-        english = sum(w in STOPWORDS for w in told) >= ENGLISH_SHARE * len(told)
+        english = sum(w.lower() in STOPWORDS for w in told) >= ENGLISH_SHARE * len(told)
         return cls(text, frozenset(names - STOPWORDS - NOT_NAMES), instructions, words, english)
 
 
@@ -138,12 +138,12 @@ def words(text: str) -> list[str]:
     return [w.lower() for w in WORD.findall(text)]
 
 
-def starts_sentence(text: str, at: int) -> bool:
+def starts_sentence(text: str, at: int, starts: frozenset[str] = SENTENCE_STARTS) -> bool:
     """Whether a word at `at` may start a sentence: nothing but blanks before it, or one of
-    `SENTENCE_STARTS` last before them."""
+    `starts` last before them."""
     while at > 0 and text[at - 1].isspace():
         at -= 1
-    return at == 0 or text[at - 1] in SENTENCE_STARTS
+    return at == 0 or text[at - 1] in starts
 
 
 def written_names(text: str) -> set[str]:
