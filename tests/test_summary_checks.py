@@ -314,21 +314,8 @@ def test_the_scene_summaries_of_otakus_sample_stories_pass_every_check() -> None
 
 # The thresholds of each ctx that wrote a reply of accepted-replies.json to the sidecar, where
 # they differ from today's (math.inf: the rule was not there).
-THEN = {
-    "ctx before checks.overlong": {
-        "OVERLONG": math.inf,
-        "SCENE_WORDS_PER_WORD": 50,
-        "REPEAT_SHARE": 0.5,
-        "NUMBER_SHARE": math.inf,
-        "INVENTED_SHARE": math.inf,
-    },
-    "ctx 3e5403c": {
-        "SCENE_WORDS_PER_WORD": 50,
-        "REPEAT_SHARE": 0.5,
-        "NUMBER_SHARE": math.inf,
-        "INVENTED_SHARE": math.inf,
-    },
-}
+AT_3E5403C = {"SCENE_WORDS_PER_WORD": 50, "REPEAT_SHARE": 0.5, "NUMBER_SHARE": math.inf, "INVENTED_SHARE": math.inf}
+THEN = {"ctx 3e5403c": AT_3E5403C, "ctx before checks.overlong": {**AT_3E5403C, "OVERLONG": math.inf}}
 
 
 def test_what_smollm2_wrote_that_an_earlier_ctx_let_through_is_rejected(
