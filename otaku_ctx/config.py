@@ -53,7 +53,11 @@ Kind = Literal[
     "patterns",
     "fallback",
     "hours",
+    "speakers",
 ]
+
+#: how chat messages name who speaks (`[prompt] speakers`)
+SPEAKERS = ("labelled", "as_given")
 
 
 def setting(default: Any, help: str, kind: Kind, *, least: int = 0) -> Any:
@@ -107,6 +111,12 @@ class PromptSettings:
     user: str = setting("", "the user's persona name ({{user}}); empty: the story's, else its user rows'", "text")
     char: str = setting(
         "", "the character's name ({{char}}); empty: the story's, its card's, or its main speaker", "text"
+    )
+    speakers: str = setting(
+        "labelled",
+        'chat messages: "labelled" ("Name: text", turns of one role merged) or "as_given" (only a name the'
+        " message carries, turns as they came; ctx serve's default)",
+        "speakers",
     )
 
 
@@ -427,6 +437,7 @@ CHECKS: dict[str, Callable[[_Check], Any]] = {
     "files": _files,
     "patterns": _patterns,
     "fallback": _one_of(("extract", "none")),
+    "speakers": _one_of(SPEAKERS),
     "text": _text,
     "seconds": _seconds,
     "hours": _hours,

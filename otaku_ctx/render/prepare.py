@@ -88,6 +88,10 @@ class Binder:
             self.template = load_template(p.template)
         with _usage_if_unknown(settings, "prompt.format", p.format):
             self.format = find_format(p.format)
+        if p.speakers == "as_given" and self.format.chat and not self.format.chat_template:
+            # chat messages as the frontend sent them: two characters' turns in a row stay two (a
+            # model's own template that demands alternating turns still merges them)
+            self.format = replace(self.format, alternate=False)
         self.settings, self.emit = settings, emit
         self._bound: dict[tuple[str, str, bool], tuple[PromptTemplate, Format]] = {}
 

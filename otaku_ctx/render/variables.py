@@ -13,7 +13,7 @@ from ..assemble import Part
 from ..config import PromptSettings
 from ..hbs import Template
 from ..lore import LoreChoice, LoreDecision
-from ..story.model import LORE_ROLES, Card, LorePosition, Story
+from ..story.model import LORE_ROLES, Card, LorePosition, Role, Story
 from .lookup import compiled
 from .names import Names
 from .presets import DEFAULT_EXAMPLE_SEPARATOR, example_blocks
@@ -102,13 +102,23 @@ class Variables:
             return {"role": "system", "name": m.card.name, "message": self.card_text(m.card), "kind": "card",
                     "number": m.number, "scene": None, "title": ""}  # fmt: skip
         if part.kind == "message" and m:
-            return {"role": m.role, "name": self.names.speaker(m), "message": self.names.fill(m.content),
+            text = self.names.fill(m.content)
+            return {"role": m.role, "name": self.label(m.role, m.name, text), "message": text,
                     "kind": "message", "number": m.number, "scene": None, "title": ""}  # fmt: skip
         if scene is not None:
             text = scene.summary if part.kind == "summary" else scene.history
             return {"role": "system", "name": "", "message": self.names.fill(text), "kind": part.kind,
                     "number": None, "scene": scene.ref, "title": scene.title}  # fmt: skip
         raise ValueError(f"cannot render {part!r}")
+
+    def label(self, role: Role, name: str | None, text: str) -> str:
+        """Who a message's `name` says speaks it. `[prompt] speakers = "as_given"` (a frontend's
+        chat, `ctx serve`): only the name the message carries, so a chat sent without names gets
+        no "Assistant:" written into it for the model to copy. Either way, no name the message's
+        text already starts with ("Aqua: …", SillyTavern's names in the content): it is not
+        written twice."""
+        speaker = (name or "") if self.settings.speakers == "as_given" else self.names.speaker_as(role, name)
+        return "" if speaker and text.startswith(f"{speaker}:") else speaker
 
     @cached_property
     def fixed(self) -> dict[str, Any]:
@@ -182,6 +192,8 @@ class Variables:
         story = self.story
         last = next((m.name for m in reversed(story.messages) if m.role == "assistant" and m.name), None)
         speaker = self.names.char or last or "Assistant"
+        if self.settings.speakers == "as_given":  # the frontend names the one to speak, if anyone
+            speaker = ""
         # Its `message` is a mark no story text can hold: where the template prints it is how
         # the renderer knows which block the model continues (the mark itself prints nothing).
         return {"role": "assistant", "name": speaker, "message": OPEN_MARK, "kind": "open", "number": None,
