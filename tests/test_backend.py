@@ -592,18 +592,110 @@ def test_the_window_of_llama_cpp(server: StandIn, backend: Backend) -> None:
     assert [(s.method, s.path) for s in server.seen] == [("GET", "/v1/models"), ("GET", "/props")]
 
 
+# Ollama: what /api/show says of Llama 3.1 (trained for 131,072) with no num_ctx set, and the
+# window /api/ps says it is loaded with (Ollama's default below 24 GiB of VRAM)
+LLAMA31 = {
+    "parameters": 'stop "<|eot_id|>"',
+    "model_info": {"general.architecture": "llama", "llama.context_length": 131072},
+}
+
+
+def running(name: str, window: object) -> dict[str, object]:
+    """A model as Ollama's `/api/ps` lists it (`name` and `model` both `NAME:tag`)."""
+    details = {"format": "gguf", "family": "llama", "parameter_size": "8.0B", "quantization_level": "Q4_K_M"}
+    return {"name": name, "model": name, "size": 6654289920, "digest": "46e0c10c039e", "details": details,
+            "expires_at": "2026-08-21T18:53:22Z", "size_vram": 6654289920, "context_length": window}  # fmt: skip
+
+
+def ollama_window(server: StandIn, backend: Backend, show: dict, *after: Responder) -> int | None:
+    """The window asked of a stand-in Ollama: its `/v1/models` has no `max_model_len`, it has no
+    `/props`, its `/api/show` says `show`, then `after` answers (its `/api/ps`)."""
+    server.answer(reply(200, {"object": "list", "data": [{"id": "smol:latest"}]}), NOT_FOUND, reply(200, show), *after)
+    return backend.window()
+
+
 @pytest.mark.parametrize(
-    ("show", "window"),
+    ("models", "window"),
     [
-        ({"parameters": "stop <|im_end|>\nnum_ctx 16384", "model_info": {"llama.context_length": 131072}}, 16384),
-        ({"parameters": "", "model_info": {"general.architecture": "qwen2", "qwen2.context_length": 32768}}, 32768),
+        ([running("smol:latest", 4096)], 4096),  # Ollama's default: what it loaded, not the 131,072 trained
+        ([running("llama3.1:latest", 65536), running("smol:latest", 4096)], 4096),  # its own, by name
+        ([running("smol:latest", 32768)], 32768),  # OLLAMA_CONTEXT_LENGTH, or a GPU of 24 GiB or more
+        ([running("smol:latest", 262144)], 131072),  # never past what it was trained for
     ],
 )
-def test_the_window_of_ollama(server: StandIn, backend: Backend, show: dict, window: int) -> None:
-    server.answer(reply(200, {"object": "list", "data": [{"id": "smol"}]}), NOT_FOUND, reply(200, show))
-    assert backend.window() == window
-    ask = server.seen[-1]
-    assert (ask.method, ask.path, ask.json()) == ("POST", "/api/show", {"model": "smol"})
+def test_the_window_of_ollama_is_the_one_it_loaded(
+    server: StandIn, backend: Backend, models: list[dict], window: int
+) -> None:
+    assert ollama_window(server, backend, LLAMA31, reply(200, {"models": models})) == window
+    show, ps = server.seen[-2:]
+    assert (show.method, show.path, show.json()) == ("POST", "/api/show", {"model": "smol"})
+    assert (ps.method, ps.path) == ("GET", "/api/ps")
+
+
+@pytest.mark.parametrize(
+    ("parameters", "window"),
+    [
+        ("stop <|im_end|>\nnum_ctx 16384", 16384),
+        ("num_ctx 262144", 131072),  # Ollama loads it at no more than it was trained for
+    ],
+)
+def test_num_ctx_in_the_model_s_parameters_wins(
+    server: StandIn, backend: Backend, parameters: str, window: int
+) -> None:
+    """What every request loads the model with: whatever /api/ps says now, it is asked no more."""
+    assert ollama_window(server, backend, {**LLAMA31, "parameters": parameters}) == window
+    assert server.seen[-1].path == "/api/show"
+
+
+@pytest.mark.parametrize(
+    ("models", "trained", "window"),
+    [
+        ([], 131072, 4096),
+        ([running("llama3.1:latest", 65536)], 131072, 4096),  # another model loaded, not this one
+        ([running("smol:q8_0", 65536)], 131072, 4096),  # another tag: only `:latest` is Ollama's default
+        ([], 2048, 2048),  # a model trained for less than Ollama's default
+    ],
+)
+def test_a_model_not_loaded_is_taken_at_ollama_s_default(
+    server: StandIn, backend: Backend, models: list[dict], trained: int, window: int
+) -> None:
+    """Ollama loads it at its default, 4,096 below 24 GiB of VRAM, unless OLLAMA_CONTEXT_LENGTH,
+    which ctx cannot read, says more: too small a window only makes ctx summarise earlier."""
+    show = {"parameters": "", "model_info": {"general.architecture": "qwen2", "qwen2.context_length": trained}}
+    assert ollama_window(server, backend, show, reply(200, {"models": models})) == window
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        reply(200, b"not json"),
+        reply(200, b"[" * 5000 + b"]" * 5000),  # nested past reading: no crash, no BadReply
+        reply(200, b"<html>ps</html>", kind="text/html"),
+        reply(200, [running("smol:latest", 65536)]),
+        reply(200, {"models": "smol:latest"}),
+        reply(200, {"models": [None, 3, "smol:latest", {"name": 7, "model": ["smol:latest"]}]}),
+        reply(200, {"models": [running("smol:latest", "65536")]}),
+        reply(200, {"models": [running("smol:latest", -1)]}),
+        reply(200, {"models": [running("smol:latest", True)]}),
+        reply(200, {"models": [running("smol:latest", 0)]}),
+        reply(200, {"models": [{"name": "smol:latest"}]}),  # an Ollama before /api/ps said the window
+        NOT_FOUND,
+        reply(500, {"error": "ps exploded"}),
+    ],
+)
+def test_a_garbled_ps_says_nothing(server: StandIn, backend: Backend, answer: Responder) -> None:
+    assert ollama_window(server, backend, LLAMA31, answer) == 4096
+
+
+def test_an_api_show_that_names_no_window_is_not_ollama_s(server: StandIn, backend: Backend) -> None:
+    """KoboldCpp answers an Ollama `/api/show` with nothing in it: its own endpoint says its window."""
+    kobold_show = {
+        "parameters": "temperature 1.0",
+        "license": "Ollama Emulation. Running on KoboldCpp",
+        "model_info": {},
+    }
+    assert ollama_window(server, backend, kobold_show, reply(200, {"value": 8192})) == 8192
+    assert server.seen[-1].path == "/api/extra/true_max_context_length"
 
 
 def test_no_window_said(server: StandIn, backend: Backend) -> None:

@@ -162,8 +162,9 @@ class Backend:
     def window(self) -> int | None:
         """The model's context in tokens, as the server says it (asked once, then remembered):
         when `server()` has asked already, its window; else each kind of `servers.WINDOWS`
-        asked in turn (vLLM's `/v1/models`, llama.cpp's `/props`, Ollama's `/api/show`,
-        KoboldCpp's `/api/extra/true_max_context_length`). None when none of them answers."""
+        asked in turn (vLLM's `/v1/models`, llama.cpp's `/props`, Ollama's `/api/show` and
+        `/api/ps`, KoboldCpp's `/api/extra/true_max_context_length`). None when none of them
+        answers."""
         if self._window is None and self._server is not None and self._server[1].window:
             self._window = self._server[1].window
         if self._window is None:

@@ -43,6 +43,9 @@ OPENAI = "OpenAI"
 
 #: KoboldCpp counts no text of this many tokens or more: it answers 0 (koboldcpp.py's guard)
 KOBOLD_LIMIT = 50_000
+#: the window Ollama loads a model at when nothing sets one, below 24 GiB of VRAM (its
+#: docs/context-length.mdx); `OLLAMA_CONTEXT_LENGTH` or more VRAM make it larger
+OLLAMA_WINDOW = 4096
 
 
 @dataclass(frozen=True)
@@ -295,18 +298,42 @@ class Ollama(ServerKind):
         return Server(OLLAMA, backend.model, json.dumps([OLLAMA, backend.model]))
 
     def window(self, backend: Asker) -> int | None:
-        """`POST /api/show`: `num_ctx` of its parameters, else the model's `*.context_length`."""
+        """The window Ollama runs the model at, which is seldom the one it was trained for:
+        `num_ctx` of its parameters (`POST /api/show`) when set, else the loaded model's (`GET
+        /api/ps`), else `OLLAMA_WINDOW`; never more than the trained `*.context_length` (Ollama
+        caps it so). None when `/api/show` names neither (KoboldCpp answers one with neither)."""
         data = backend.probe("POST", f"{backend.root}/api/show", json.dumps({"model": backend.model}).encode("utf-8"))
         if data is None:
             return None
         parameters = data.get("parameters")
-        if isinstance(parameters, str) and (found := re.search(r"^\s*num_ctx\s+(\d+)", parameters, re.MULTILINE)):
-            return int(found.group(1))
+        said = re.search(r"^\s*num_ctx\s+(\d+)", parameters, re.MULTILINE) if isinstance(parameters, str) else None
+        told = int(said.group(1)) if said else None
         info = data.get("model_info")
-        if not isinstance(info, dict):
+        sizes = [_count(v) for k, v in info.items() if k.endswith(".context_length")] if isinstance(info, dict) else []
+        trained = next((size for size in sizes if size), None)
+        if not told and not trained:
             return None
-        sizes = [_count(v) for k, v in info.items() if isinstance(k, str) and k.endswith(".context_length")]
-        return next((size for size in sizes if size), None)
+        if not told:
+            # Not loaded (or /api/ps says nothing): Ollama loads it at its default, which
+            # OLLAMA_CONTEXT_LENGTH or a larger GPU raises and ctx cannot read. A window too small
+            # only makes ctx summarise earlier; one too large and Ollama silently cuts the prompt's start.
+            told = self.loaded(backend) or OLLAMA_WINDOW
+        return min(told, trained) if trained else told
+
+    def loaded(self, backend: Asker) -> int | None:
+        """`GET /api/ps`: the `context_length` the model is loaded with, found by its `name` or
+        `model` as `listed_as` finds it (Ollama lists `NAME:latest`); None when it is not loaded
+        or the answer is not one Ollama gives."""
+        try:
+            data = backend.probe("GET", f"{backend.root}/api/ps")
+        except BadReply:  # JSON past what any reply holds: it says nothing
+            return None
+        running = data.get("models") if data is not None else None
+        entries = [m for m in running if isinstance(m, dict)] if isinstance(running, list) else []
+        names = [(m.get("name"), m.get("model")) for m in entries]
+        named = listed_as(backend.model, tuple(n for pair in names for n in pair if isinstance(n, str)))
+        mine = [m for m, pair in zip(entries, names, strict=True) if named is not None and named in pair]
+        return next((size for m in mine if (size := _count(m.get("context_length")))), None)
 
 
 class OpenAI(ServerKind):
@@ -381,6 +408,7 @@ __all__ = [
     "LLAMA_CPP",
     "MODEL_FILES",
     "OLLAMA",
+    "OLLAMA_WINDOW",
     "OPENAI",
     "SERVERS",
     "TABBYAPI",
