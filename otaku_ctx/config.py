@@ -251,7 +251,11 @@ class ServeSettings:
     timeout: float = setting(300.0, "seconds to wait for the backend's reply (between streamed chunks)", "seconds")
     connect_timeout: float = setting(10.0, "seconds to wait for a connection to the backend", "seconds")
     max_body: int = setting(64 << 20, "the largest request body accepted, in bytes (413 beyond)", "count", least=1024)
-    chat_messages: int = setting(2, "the opening messages that, with the system frame, identify a chat", "count")
+    chat_messages: int = setting(2, "the opening messages that identify a chat (its frame does not)", "count")
+    stable_frame: bool = setting(
+        True, "the frame's parts that come and go (fired World Info) go at frame_depth, the rest first", "flag"
+    )
+    frame_depth: int = setting(4, "where the frame's moving parts go: this many messages before the end", "count")
     shutdown: float = setting(60.0, "on SIGTERM, seconds in-flight replies get to finish", "seconds")
 
 

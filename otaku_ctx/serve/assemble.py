@@ -1,8 +1,17 @@
 """The one call from a chat request to the prompt sent on: `assemble_chat`.
 
-Everything else in serve goes through this function; it keeps one `build.Pipeline` per window
-and reply reserve, so a chat's every turn reuses the template, the lorebooks, the counts and
-the parts' prices of the turns before."""
+Everything else in serve goes through this function. It keeps one `build.Pipeline` per
+settings, window and reply reserve, so a chat's every turn reuses the template, the lorebooks,
+the counts and the parts' prices of the turns before.
+
+A frontend's chat must be played whatever its window: where the seed's numbers (head 20, a
+tail of at least 50) cannot fit the backend's window beside the chat's frame, serve goes down
+its own ladder (`ladder`: the head and tail halved, up to four times) and stays on the rung
+that fits, so the prompt keeps its shape from turn to turn; where even the last rung cannot
+fit, it sends the frame and the newest messages that fit, as a frontend's own truncation
+would. Only a chat whose frame and last message cannot fit is refused. `ctx build` keeps the
+seed's numbers as given.
+"""
 
 from __future__ import annotations
 
@@ -12,19 +21,26 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..assemble import Walked
 from ..build import Built, Pipeline
 from ..config import Settings
-from ..story.model import Story
+from ..story.model import Message, Story
 from ..tokens import TokenCounter
+from .session import Session
+
+#: serve's small-window ladder: the head and tail divided by each in turn
+RUNGS = (1, 2, 4, 8, 16)
 
 
 @dataclass(frozen=True)
 class Assembled:
-    """What a turn sends: the chat messages (None on a refusal), and how they were chosen."""
+    """What a turn sends: the chat messages (None on a refusal), how they were chosen, and how
+    serve shaped them: the ladder's `rung` (0: the settings as given), or `truncated`, the
+    newest messages kept when no rung fits."""
 
     built: Built
     messages: list[dict[str, Any]] | None
+    rung: int = 0
+    truncated: int | None = None
 
     @property
     def case(self) -> int:
@@ -42,6 +58,32 @@ def turn_settings(settings: Settings, window: int, max_tokens: int | None) -> Se
     if max_tokens is not None:
         settings = replace(settings, context=replace(settings.context, reply_reserve=max_tokens))
     return settings
+
+
+def ladder(settings: Settings) -> tuple[Settings, ...]:
+    """The settings of each rung: as given, then the head, the tail target, its floor and step
+    divided by 2, 4, 8 and 16 (a head of one message at least: the greeting; a floor of two);
+    last, the settings of the last resort (`truncating`). Made once, so each rung's pipeline
+    is made once."""
+    c = settings.context
+    rungs = [settings]
+    for by in RUNGS[1:]:
+        floor = max(2, c.tail_floor // by)
+        smaller = replace(
+            c,
+            head_messages=min(c.head_messages, max(1, c.head_messages // by)),
+            min_tail_messages=max(floor, c.min_tail_messages // by),
+            tail_floor=floor,
+            tail_step=max(1, c.tail_step // by),
+        )
+        rungs.append(replace(settings, context=smaller))
+    return (*rungs, truncating(settings))
+
+
+def truncating(settings: Settings) -> Settings:
+    """The settings of the last resort: no head, every message of the (cut) story verbatim."""
+    c = replace(settings.context, head_messages=0, min_tail_messages=1, tail_floor=1, tail_step=1)
+    return replace(settings, context=c)
 
 
 # The pipelines of the turns so far, by the settings, counter, window and reply reserve they were
@@ -70,33 +112,63 @@ def pipeline_for(settings: Settings, count: TokenCounter, window: int, max_token
         return made
 
 
-# Each chat's stable-policy walk at its last turn, so the next turn goes on from it (the real
-# history of the shapes it was sent, summaries written since or not: `Policy.hold`) instead of
-# walking the chat from its first message.
-_WALKS: OrderedDict[str, Walked] = OrderedDict()
-MOST_CHATS = 1024
-
-
 def assemble_chat(
     story: Story,
-    settings: Settings,
+    rungs: tuple[Settings, ...],
     count: TokenCounter,
     *,
     window: int,
     max_tokens: int | None,
-    chat: str | None = None,
+    session: Session | None = None,
 ) -> Assembled:
-    """The chat assembled for the backend's `window` less the reply (cases 1-6), as chat messages;
-    `chat` names it, for its walk to go on from turn to turn."""
-    with _LOCK:
-        resume = _WALKS.get(chat) if chat is not None else None
-    built = pipeline_for(settings, count, window, max_tokens).build(story, resume)
-    walked = built.assembly.walked
-    if chat is not None and walked is not None:
-        with _LOCK:
-            _WALKS[chat] = walked
-            _WALKS.move_to_end(chat)
-            while len(_WALKS) > MOST_CHATS:
-                _WALKS.popitem(last=False)
-    messages = json.loads(built.prompt) if built.prompt is not None else None
-    return Assembled(built, messages)
+    """The chat assembled for the backend's `window` less the reply (cases 1-6), as chat
+    messages, on the first rung of `rungs` (`ladder`) from the session's own that fits; the
+    session's walk goes on from turn to turn. With no rung that fits, the newest messages that
+    fit (`newest_that_fit`); with none, the refusal of the last rung."""
+    *shaped, last_resort = rungs
+    first = session.rung if session is not None else 0
+    built: Built | None = None
+    for rung in range(min(first, len(shaped) - 1), len(shaped)):
+        resume = session.walk if session is not None and rung == session.rung else None
+        built = pipeline_for(rungs[rung], count, window, max_tokens).build(story, resume)
+        if built.prompt is not None:
+            if session is not None:
+                session.rung, session.walk = rung, built.assembly.walked
+            return Assembled(built, json.loads(built.prompt), rung)
+    assert built is not None
+    cut = newest_that_fit(story, last_resort, count, window, max_tokens)
+    if cut is None:
+        return Assembled(built, None, len(shaped) - 1)
+    kept, fitted = cut
+    if session is not None:
+        session.rung, session.walk = len(shaped) - 1, None
+    return Assembled(fitted, json.loads(fitted.prompt or "[]"), len(shaped), kept)
+
+
+def newest_that_fit(
+    story: Story, settings: Settings, count: TokenCounter, window: int, max_tokens: int | None
+) -> tuple[int, Built] | None:
+    """The most of the chat's newest messages that fit beside its frame (found by halving:
+    the newest k fit for every k below the most that do), built; None when not even the last
+    one does."""
+    pipeline = pipeline_for(settings, count, window, max_tokens)
+
+    def build(k: int) -> Built:
+        newest = story.messages[-k:]
+        renumbered = tuple(
+            Message(i, m.role, m.content, m.name, m.card, m.line, m.sent) for i, m in enumerate(newest, 1)
+        )
+        return pipeline.build(replace(story, messages=renumbered, scenes=()))
+
+    best = build(1)
+    if best.prompt is None:
+        return None
+    low, high = 1, len(story.messages) + 1  # the newest `low` fit; `high` do not (or are more than there are)
+    while high - low > 1:
+        mid = (low + high) // 2
+        tried = build(mid)
+        if tried.prompt is not None:
+            low, best = mid, tried
+        else:
+            high = mid
+    return low, best

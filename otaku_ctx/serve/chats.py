@@ -1,24 +1,27 @@
 """A chat request as a Story, and which chat it is.
 
 The frontend sends the whole chat every turn. Its leading system messages are the frame (the
-story's system message); the rest are the story's messages, in order, `name` kept. A chat is
-recognised by its frame and its opening messages (`[serve] chat_messages`, 2: a character's
-greeting and the user's first reply), hashed; an `X-Ctx-Chat` header, else the request's `user`
-field, names one explicitly instead. Either way the key is a hash, so a chat's text never
-becomes a file name.
+story's system message, `frame_of`); the rest are the story's messages, in order, `name` kept.
+A chat is recognised by its opening messages alone (`[serve] chat_messages`, 2: a character's
+greeting and the user's first reply), hashed: never by its frame, which SillyTavern changes
+from turn to turn (the World Info entries that fired, a group member's own card, an edited
+Author's Note). An `X-Ctx-Chat` header, else the request's `user` field, names one explicitly
+instead; its summaries are still the opening's (`Chat.pool`), so naming a chat loses none.
+Either way the key is a hash, so a chat's text never becomes a file name. A request of one
+message (SillyTavern's Test Message, "Hi") is a probe: it is answered, and is no chat.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import OtakuError
-from ..story.model import Message, Role, Story
+from ..story.model import LoreEntry, LorePosition, Message, Role, Story
 from ..tokens import common_length
 
 #: the roles a chat's messages may have; `developer` is OpenAI's newer name for `system`
@@ -35,11 +38,44 @@ class ChatError(OtakuError):
 
 @dataclass(frozen=True)
 class Chat:
-    """Which chat a request continues: `key` (a hash, the name of its files) and how it was
-    recognised (`named`: by the header or `user`; else by its frame and opening)."""
+    """Which chat a request continues: `key` (a hash: its session's), how it was recognised
+    (`named`: by the header or `user`; else by its opening), and `pool`, the hash of its opening
+    that names its summaries file, named or not."""
 
     key: str
     named: bool
+    pool: str = ""
+
+    @property
+    def probe(self) -> bool:
+        """A one-message request (a connection test): answered, never a chat of its own."""
+        return not self.key
+
+
+@dataclass(frozen=True)
+class FramePart:
+    """One leading system message: its text and the name it was sent with (`example_user`)."""
+
+    text: str
+    name: str = ""
+
+    @property
+    def shown(self) -> str:
+        """As the frame holds it: a named part keeps who speaks ("example_user: Who are you?")."""
+        return f"{self.name}: {self.text}" if self.name and not self.text.startswith(f"{self.name}:") else self.text
+
+
+def frame_of(body: Mapping[str, Any]) -> tuple[FramePart, ...]:
+    """The request's frame: its leading system (or developer) messages, each as it came."""
+    parts = []
+    for index, raw in enumerate(body.get("messages") or ()):
+        if not isinstance(raw, dict) or raw.get("role") not in FRAME_ROLES:
+            break
+        name = raw.get("name")
+        text = raw.get("content")
+        parts.append(FramePart(text if isinstance(text, str) else text_of(text, f"messages[{index}]"),
+                               name if isinstance(name, str) else ""))  # fmt: skip
+    return tuple(parts)
 
 
 def text_of(content: Any, where: str) -> str:
@@ -102,7 +138,7 @@ def chat_story(
         if name is not None and not isinstance(name, str):
             raise ChatError(f"messages[{index}]: name must be text")
         if role == "system" and not messages:
-            frame.append(content)
+            frame.append(FramePart(content, name or "").shown)
             continue
         n = len(messages)
         if same and n < len(kept):
@@ -117,15 +153,41 @@ def chat_story(
     return Story(path=Path("chat"), messages=tuple(messages), system="\n\n".join(frame), source_format="openai")
 
 
+#: the uid of the lore entry that carries a frame's moving parts
+FRAME_ENTRY = "ctx-serve-frame"
+
+
+def framed(story: Story, frame: Sequence[FramePart], moving: Collection[FramePart], depth: int | None) -> Story:
+    """The story with its frame placed: the parts that stay from turn to turn first, as its
+    system message; those that come and go (`moving`: the World Info entries that fired this
+    turn) as one system message `depth` messages before the end of the chat, as SillyTavern's
+    "@depth" places an entry, where a change costs the backend's cache only the turns after it.
+    `depth` None keeps every part first, as it came."""
+    moves = [p.shown for p in frame if depth is not None and p in moving]
+    stays = [p.shown for p in frame if depth is None or p not in moving]
+    world: tuple[LoreEntry, ...] = ()
+    if moves:
+        entry = LoreEntry(
+            FRAME_ENTRY, "\n\n".join(moves), constant=True, position=LorePosition.DEPTH, depth=depth or 0,
+            source="the request's frame", comment="the frame's moving parts",
+        )  # fmt: skip
+        world = (entry,)
+    return replace(story, system="\n\n".join(stays), world=world)
+
+
 def digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
 def identify(story: Story, body: Mapping[str, Any], headers: Mapping[str, str], opening: int) -> Chat:
-    """Which chat this is: named by the `X-Ctx-Chat` header, else by `user`; else its frame and
-    first `opening` messages (fewer while the chat is shorter)."""
+    """Which chat this is: named by the `X-Ctx-Chat` header, else by `user`; else its first
+    `opening` messages (fewer while the chat is shorter), whatever its frame. A chat of one
+    message is a probe (`Chat.probe`), named or not."""
+    if len(story.messages) < 2:
+        return Chat("", False)
+    first = [[m.role, m.name or "", m.content] for m in story.messages[:opening]]
+    pool = "o" + digest(first)
     named = headers.get(HEADER, "").strip() or (body.get("user") if isinstance(body.get("user"), str) else "")
     if named:
-        return Chat("n" + digest(["named", named]), True)
-    first = [[m.role, m.name or "", m.content] for m in story.messages[:opening]]
-    return Chat("f" + digest([story.system, first]), False)
+        return Chat("n" + digest(["named", named]), True, pool)
+    return Chat(pool, False, pool)

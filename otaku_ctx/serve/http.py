@@ -19,8 +19,7 @@ import os
 import signal
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -32,11 +31,12 @@ from ..build import counter_for, with_model
 from ..config import ModelSettings, Settings
 from ..errors import ConfigError, OtakuError
 from ..jsonload import JSONProblem, TooMany, loads
-from ..story.model import Story
+from ..summarize import options_of
 from ..tokens import TokenCounter
-from .assemble import Assembled, assemble_chat
-from .chats import ChatError, chat_story, identify
-from .stats import Stats, StreamUsage, Turn, Usage
+from .assemble import Assembled, assemble_chat, ladder
+from .chats import Chat, ChatError, FramePart, chat_story, frame_of, framed, identify
+from .session import Session, Sessions
+from .stats import StreamUsage, Turn, Usage
 from .store import Store, chats_folder
 from .summaries import Gate, Summarizer
 
@@ -88,11 +88,36 @@ def backend_failed(failure: BackendError) -> web.Response:
 @dataclass
 class Setup:
     """What the first chat request works out once: the settings with the model's and the
-    server's parts, the counter, and the summarizer."""
+    server's parts, the counter, the summarizer, and the settings of each rung of serve's
+    small-window ladder (`assemble.ladder`)."""
 
     settings: Settings
     count: TokenCounter
     summarizer: Summarizer | None
+    rungs: tuple[Settings, ...] = ()
+
+
+def serving(settings: Settings) -> Settings:
+    """serve's own defaults, where the settings keep the built-in ones: the stable cache policy
+    (a server's chat is what it is for) and messages labelled only with the names the frontend
+    sent (`[prompt] speakers = "as_given"`)."""
+    context, prompt = settings.context, settings.prompt
+    if context.cache == "exact":
+        context = replace(context, cache="stable")
+    if prompt.speakers == "labelled":
+        prompt = replace(prompt, speakers="as_given")
+    return replace(settings, context=context, prompt=prompt)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A chat request, parsed and checked before any state changes: which chat, its frame,
+    the reply's reserve, and the body as it came."""
+
+    body: dict[str, Any]
+    chat: Chat
+    frame: tuple[FramePart, ...]
+    max_tokens: int | None
 
 
 class Service:
@@ -115,9 +140,8 @@ class Service:
         )
         self.summarize = s.summarize
         self.store = Store(chats_folder())
-        self.seen = Seen()
+        self.sessions = Sessions()
         self.gate = Gate()
-        self.stats = Stats()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="ctx-serve")
         self._setup: Setup | None = None
 
@@ -149,7 +173,7 @@ class Service:
             return self._setup
         if not self.backend.model and model_name:
             self.backend = self.backend_for(model_name)
-        settings = self.settings
+        settings = serving(self.settings)
         model = settings.model
         # the user's own choice: given, or set to other than the default (`config init` writes them all)
         chose_tokenizer = (
@@ -177,7 +201,7 @@ class Service:
         if self.summarize:
             summarizer = Summarizer(self.backend, settings, count, self.store, self.gate, self.counting)
             summarizer.start()
-        self._setup = Setup(settings, count, summarizer)
+        self._setup = Setup(settings, count, summarizer, ladder(settings))
         return self._setup
 
     def window(self, settings: Settings) -> int:
@@ -205,92 +229,116 @@ class Service:
             raise ChatError("the request body must be a JSON object")
         return body
 
+    def parse(self, body: dict[str, Any], headers: Mapping[str, str]) -> Request:
+        """Every check of a chat request, before any state changes: its messages are a chat ctx
+        can assemble, its reply's reserve, which chat it is."""
+        opening = max(2, self.settings.serve.chat_messages)  # two at least: one is a probe
+        chat = identify(chat_story(body, most=opening), body, headers, self.settings.serve.chat_messages)
+        return Request(body, chat, frame_of(body), _tokens(body))
+
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
-        body = await self.read_json(request)
-        opening = self.settings.serve.chat_messages
-        chat = identify(chat_story(body, most=opening), body, request.headers, opening)
-        story = self.seen.read(chat.key, body)
+        turn = self.parse(await self.read_json(request), request.headers)
         with self.gate.live():
-            named = str(body.get("model") or "")
-            setup = await self.blocking(lambda: self.setup(named))
-            max_tokens = _tokens(body)
+            setup = await self.blocking(lambda: self.setup(str(turn.body.get("model") or "")))
             window = await self.blocking(lambda: self.window(setup.settings))
-
-            def assemble() -> Assembled:
-                return assemble_chat(
-                    self.store.story(chat.key, story),
-                    setup.settings,
-                    setup.count,
-                    window=window,
-                    max_tokens=max_tokens,
-                    chat=chat.key,
-                )
-
-            assembled = await self.blocking(assemble)
+            session, assembled = await self.blocking(lambda: self.assemble(turn, setup, window))
             own = time.monotonic() - started
-            if setup.summarizer is not None:
-                setup.summarizer.want(chat.key, story, now=assembled.messages is None)
             if assembled.messages is None:
-                return await self.refused(chat.key, story, assembled, setup)
-            forwarded = {**body, "messages": assembled.messages}
+                return self.refused(session, assembled, setup)
+            forwarded = {**turn.body, "messages": assembled.messages}
             if self.settings.serve.model:
                 forwarded["model"] = self.settings.serve.model
 
-            def done(usage: Usage) -> None:
-                self.record(chat.key, chat.named, assembled, usage, own)
+            def done(usage: Usage, cancelled: bool = False) -> None:
+                self.record(session, assembled, usage, own, cancelled)
 
-            if body.get("stream"):
+            if turn.body.get("stream"):
                 return await self.stream(request, "/chat/completions", forwarded, done)
             return await self.whole("/chat/completions", forwarded, done)
 
-    async def refused(self, key: str, story: Any, assembled: Assembled, setup: Setup) -> web.Response:
-        """Case 6 as an OpenAI-style 400 naming the remedy: the window the chat needs, or the
-        summaries being written."""
+    def assemble(self, turn: Request, setup: Setup, window: int) -> tuple[Session | None, Assembled]:
+        """On the worker thread: the chat's session found (none for a probe), its story read
+        against the last one, its scenes (the summaries, else provisional ones), its frame
+        placed, and the turn assembled; then its summaries wished for."""
+        settings, serve = setup.settings, setup.settings.serve
+        depth = serve.frame_depth if serve.stable_frame else None
+        summarizer = setup.summarizer
+        if turn.chat.probe:  # a connection test: answered as it is, remembered nowhere
+            story = framed(chat_story(turn.body), turn.frame, (), None)
+            return None, assemble_chat(story, setup.rungs, setup.count, window=window, max_tokens=turn.max_tokens)
+        session = self.sessions.find(turn.chat)
+        story = chat_story(turn.body, session.story, sent_before=session.sent)
+        session.sent, session.story = turn.body.get("messages"), story
+        s = settings.summarize
+        writing = summarizer is not None and summarizer.writing(session)
+        told = self.store.story(session, story, options_of(s).cutting, (s.summary_words, s.history_words), hold=writing)
+        placed = framed(told, turn.frame, moving(session, turn.frame), depth)
+        assembled = assemble_chat(
+            placed, setup.rungs, setup.count, window=window, max_tokens=turn.max_tokens, session=session
+        )
+        self.say_shape(session, assembled, setup)
+        if summarizer is not None:
+            summarizer.want(session, story)
+        return session, assembled
+
+    def say_shape(self, session: Session, assembled: Assembled, setup: Setup) -> None:
+        """Once a chat, when the backend's window made serve shape it otherwise than configured."""
+        if assembled.messages is None or (not assembled.rung and assembled.truncated is None):
+            return
+        c, given = setup.rungs[min(assembled.rung, len(setup.rungs) - 2)].context, setup.settings.context
+        if assembled.truncated is not None:
+            said = (
+                f"the window holds no head of {c.head_messages} and tail of {c.tail_floor} beside the frame: the"
+                " newest messages that fit are sent"
+            )
+        else:
+            said = (
+                f"head {c.head_messages} and tail floor {c.tail_floor} (the settings' {given.head_messages} and"
+                f" {given.tail_floor} do not fit the window beside the frame)"
+            )
+        if said != session.said:
+            session.said = said
+            log.info("chat %s: %s", session.key[:12], said)
+
+    def refused(self, session: Session | None, assembled: Assembled, setup: Setup) -> web.Response:
+        """Case 6, which is now only a chat whose frame and newest message cannot fit: an
+        OpenAI-style 400 naming the window it needs."""
         refusal = assembled.built.assembly.refusal
         assert refusal is not None
-        summarizer = setup.summarizer
-        work = None
-        if summarizer is not None:
-            try:
-                work = await self.blocking(lambda: summarizer.outlook(key, story))
-            except OtakuError as why:  # the plan itself fails (a message too long for the window)
-                summarizer.why.setdefault(key, str(why))
-        log.info("chat %s · %d messages · case 6 · refused (needs %d)", key[:12], len(story), refusal.needed_context)
-        failed = summarizer.why.get(key) if summarizer is not None else None
-        if work is not None and work.requests_left:
-            left = f"{work.scenes_left} scenes left" if work.scenes_left else f"{work.requests_left} histories left"
-            tried = f"; the last try failed: {failed}" if failed else ""
-            return error(
-                400,
-                f"ctx serve: this chat does not fit the backend's window yet; summaries are being written: {left}"
-                f" (send again when they are){tried}",
-                code="summaries_pending",
-            )
-        remedy = "start the backend with a larger context"
-        if failed:
-            remedy += f" (the summaries could not be written: {failed})"
-        elif summarizer is None:
-            remedy += ", or serve without --no-summarize so the chat's summaries are written"
+        key = session.key[:12] if session is not None else "(probe)"
+        log.info("chat %s · %d messages · case 6 · refused (needs %d)", key, assembled.built.assembly.messages,
+                 refusal.needed_context)  # fmt: skip
+        remedy = "start the backend with a larger context, or send a shorter system prompt and card"
+        if session is not None and session.why:
+            remedy += f" (the summaries could not be written: {session.why})"
         return error(
             400,
-            f"ctx serve: this chat does not fit: the smallest prompt is {refusal.smallest:,} tokens, the limit"
-            f" {refusal.limit:,} (a {refusal.context:,}-token window less {refusal.reserve:,} for the reply);"
+            f"ctx serve: this chat does not fit: its frame and newest message alone are {refusal.smallest:,} tokens,"
+            f" the limit {refusal.limit:,} (a {refusal.context:,}-token window less {refusal.reserve:,} for the reply);"
             f" it needs a window of {refusal.needed_context:,} tokens: {remedy}",
             code="context_length_exceeded",
         )
 
-    def record(self, key: str, named: bool, assembled: Assembled, usage: Usage, seconds: float) -> None:
+    def record(self, session: Session | None, assembled: Assembled, usage: Usage, seconds: float,
+               cancelled: bool = False) -> None:  # fmt: skip
         a = assembled.built.assembly
-        turn = Turn(a.messages, a.case, a.tokens, a.limit, usage.prompt_tokens, usage.cached, round(seconds, 4))
-        number = self.stats.add(key, named, turn)
+        turn = Turn(a.messages, a.case, a.tokens, a.limit, usage.prompt_tokens, usage.cached, round(seconds, 4),
+                    cancelled)  # fmt: skip
         cached = f"{turn.cached:,} cached" if turn.cached is not None else "cache not reported"
+        stopped = " · stopped by the client" if cancelled else ""
+        if session is None:
+            log.info("a one-message probe · %s tokens sent · %s%s", f"{a.tokens:,}", cached, stopped)
+            return
+        with self.sessions.lock:
+            session.turns.append(turn)
+            number = len(session.turns)
         log.info(
-            "chat %s · turn %d · %d messages · case %d · %s tokens sent (limit %s) · %s · ctx %.3f s",
-            key[:12], number, a.messages, a.case, f"{a.tokens:,}", f"{a.limit:,}", cached, seconds,
+            "chat %s · turn %d · %d messages · case %d · %s tokens sent (limit %s) · %s · ctx %.3f s%s",
+            session.key[:12], number, a.messages, a.case, f"{a.tokens:,}", f"{a.limit:,}", cached, seconds, stopped,
         )  # fmt: skip
 
-    async def whole(self, path: str, body: Mapping[str, Any], done: Callable[[Usage], None]) -> web.Response:
+    async def whole(self, path: str, body: Mapping[str, Any], done: Done) -> web.Response:
         async with self.upstream.send("POST", path, body) as answer:
             data = await self.upstream.body(answer)
         usage = Usage()
@@ -302,9 +350,7 @@ class Service:
             done(usage)
         return web.Response(body=data, status=answer.status, content_type=answer.content_type or "application/json")
 
-    async def stream(
-        self, request: web.Request, path: str, body: Mapping[str, Any], done: Callable[[Usage], None]
-    ) -> web.StreamResponse:
+    async def stream(self, request: web.Request, path: str, body: Mapping[str, Any], done: Done) -> web.StreamResponse:
         """The backend's reply, each chunk passed on as it arrives. A frontend that goes away
         ends the request to the backend (the handler is cancelled, the connection closed)."""
         from .upstream import Upstream
@@ -325,6 +371,10 @@ class Service:
                         done(usage)
                         told = True
                     await response.write(chunk)
+            except (asyncio.CancelledError, ConnectionResetError):  # the client went away: SillyTavern's Stop
+                if not told:
+                    done(usage, True)
+                raise
             except BackendError as failure:  # too late for a status: the stream says it, and ends
                 log.warning("the backend failed mid-stream: %s", failure)
                 said = {"error": {"message": f"ctx serve: the backend failed: {failure}", "type": "backend_error"}}
@@ -353,13 +403,24 @@ class Service:
         return web.json_response({"status": "ok"})
 
     async def ctx_stats(self, request: web.Request) -> web.Response:
-        facts = self.stats.facts()
-        setup = self._setup
-        summarizer = setup.summarizer if setup is not None else None
-        for chat in facts["chats"]:
-            work = summarizer.left(chat["chat"]) if summarizer is not None else None
-            chat["summaries_left"] = work.requests_left if work is not None else 0
-        return web.json_response(facts)
+        chats = []
+        with self.sessions.lock:
+            for session in self.sessions:
+                if not session.turns:
+                    continue
+                work = session.working
+                chats.append(
+                    {
+                        "chat": session.key,
+                        "named": session.chat.named,
+                        "case": session.turns[-1].case,
+                        "summaries_left": work.requests_left if work is not None else 0,
+                        "summaries_failed": session.why,
+                        "shape": session.said or "as configured",
+                        "turns": [t.facts() for t in session.turns],
+                    }
+                )
+        return web.json_response({"chats": chats})
 
     # the app ----------------------------------------------------------------------------------
 
@@ -455,6 +516,22 @@ class TooLarge(Exception):
         self.bound = bound
 
 
+Done = Callable[..., None]  # a turn's end: done(usage, cancelled=False)
+
+
+def moving(session: Session, frame: Sequence[FramePart]) -> frozenset[FramePart]:
+    """The frame's parts that come and go: those not among the parts that stayed in every
+    turn since the chat's first (or since its frame last changed wholesale: when most of what
+    stayed is gone, a card switched or a group member's turn, what this turn sends is the new
+    base). The parts that stay go first, and the others where a change costs little."""
+    parts = frozenset(frame)
+    stable = session.stable
+    if stable is None or sum(len(p.text) for p in stable - parts) * 2 > sum(len(p.text) for p in stable):
+        stable = parts
+    session.stable = stable & parts
+    return parts - session.stable
+
+
 def _tokens(body: Mapping[str, Any]) -> int | None:
     for key in ("max_tokens", "max_completion_tokens"):
         value = body.get(key)
@@ -507,25 +584,6 @@ def serve_forever(service: Service, say: Callable[[str], None]) -> None:
         raise ServeError(
             f"cannot listen on {service.settings.serve.host}:{service.settings.serve.port}: {why.strerror or why}"
         ) from None
-
-
-class Seen:
-    """Each chat's story at its last request (the `MOST_SEEN` chats seen last): the next request
-    of the chat is read against it, so the messages it holds again are the same objects."""
-
-    MOST_SEEN = 64
-
-    def __init__(self) -> None:
-        self._stories: OrderedDict[str, tuple[Any, Story]] = OrderedDict()
-
-    def read(self, key: str, body: Mapping[str, Any]) -> Story:
-        sent, before = self._stories.get(key, ((), None))
-        story = chat_story(body, before, sent_before=sent)
-        self._stories[key] = (body.get("messages"), story)
-        self._stories.move_to_end(key)
-        while len(self._stories) > self.MOST_SEEN:
-            self._stories.popitem(last=False)
-        return story
 
 
 class Running:

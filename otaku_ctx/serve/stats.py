@@ -1,17 +1,12 @@
 """What each turn sent and what the backend says it reused: the one log line a turn, and
-`GET /ctx/stats`. Counts only, never a chat's text."""
+`GET /ctx/stats` (the turns are kept on each chat's session). Counts only, never a chat's text."""
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..jsonload import JSONProblem, loads
-
-#: the chats `/ctx/stats` remembers (the least recently seen forgotten first), and turns a chat
-MOST_CHATS = 1000
-MOST_TURNS = 1000
 
 
 def _count(value: object) -> int | None:
@@ -83,6 +78,7 @@ class Turn:
     prompt_tokens: int | None
     cached: int | None
     seconds: float
+    cancelled: bool = False  # the client went away (SillyTavern's Stop) before the reply ended
 
     @property
     def reprocessed(self) -> int | None:
@@ -92,32 +88,3 @@ class Turn:
 
     def facts(self) -> dict[str, Any]:
         return {**asdict(self), "reprocessed": self.reprocessed}
-
-
-class Stats:
-    """The turns of each chat, the most recent `MOST_TURNS` of the `MOST_CHATS` chats seen last."""
-
-    def __init__(self) -> None:
-        self.chats: OrderedDict[str, tuple[bool, deque[Turn]]] = OrderedDict()
-
-    def add(self, key: str, named: bool, turn: Turn) -> int:
-        """Record a turn; the number of turns the chat has had here."""
-        _, turns = self.chats.pop(key, (named, deque(maxlen=MOST_TURNS)))
-        turns.append(turn)
-        self.chats[key] = (named, turns)
-        while len(self.chats) > MOST_CHATS:
-            self.chats.popitem(last=False)
-        return len(turns)
-
-    def facts(self) -> dict[str, Any]:
-        return {
-            "chats": [
-                {
-                    "chat": key,
-                    "named": named,
-                    "case": turns[-1].case if turns else None,
-                    "turns": [t.facts() for t in turns],
-                }
-                for key, (named, turns) in self.chats.items()
-            ]
-        }

@@ -1,23 +1,33 @@
-"""The summaries store: one sidecar a chat, `~/.otaku/chats/<key>.ctx-summaries`, in the format
-`ctx summarize` writes (`story/sidecar.py`), so either can read and extend the other's. It is
-the only thing `ctx serve` writes."""
+"""The summaries store: one sidecar an opening, `~/.otaku/chats/<pool>.ctx-summaries`, in the
+format `ctx summarize` writes (`story/sidecar.py`), so either can read and extend the other's.
+It is the only thing `ctx serve` writes (`summarize.commits.Commits` writes it, under the lock
+`ctx summarize` takes too).
+
+A chat's scenes (`Store.story`) are its sidecar's records judged against its messages — fresh,
+touched, and stale ones too (after an edit, a stale summary serves until it is redone) — and,
+for the settled messages no record covers yet, provisional scenes of ctx's own: each scene's
+extract (`summarize.extract`: its own lines, no model) and a history rolled from them. So a
+chat is played from its first turn, and the model's summaries take their place as they come.
+"""
 
 from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ..files import write_atomic
 from ..locations import otaku_home
-from ..story.model import Message, Story
-from ..story.sidecar import SUFFIX, Record, judge, read_sidecar, sidecar_text, with_judged, with_sidecar
+from ..story.model import Scene, Story
+from ..story.sidecar import SUFFIX, Judged, Record, judge, read_sidecar
+from ..summarize import Cutting, pack
+from ..summarize.extract import history_extract, summary_extract
 from ..tokens import common_length
+from .session import Session
 
-#: the chats whose last judgment of their records is kept (each holds its messages)
-MOST_JUDGED = 64
+#: a provisional scene's `source` (`Scene.source`): ctx's extract, standing in for the model's
+PROVISIONAL = "provisional"
 
 
 def chats_folder() -> Path:
@@ -26,62 +36,119 @@ def chats_folder() -> Path:
 
 
 class Store:
-    """Each chat's sidecar, read when it changed on disk (by its size and time) and written
-    atomically, whole, as `ctx summarize` writes it."""
+    """Each opening's sidecar, read again when it changed on disk (by its size and time)."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self._read: dict[str, tuple[tuple[int, int], list[Record]]] = {}
-        # each chat's last judgment of its records: (the records, the messages judged, the story made)
-        self._judged: OrderedDict[str, tuple[list[Record], tuple[Message, ...], Story]] = OrderedDict()
+        # the file as last read, by its path: (size, mtime) and its records
+        self._read: dict[Path, tuple[tuple[int, int], list[Record]]] = {}
         self._lock = threading.Lock()
 
-    def path(self, key: str) -> Path:
-        return self.folder / f"{key}{SUFFIX}"
+    def path(self, pool: str) -> Path:
+        return self.folder / f"{pool}{SUFFIX}"
 
-    def records(self, key: str) -> list[Record]:
-        path = self.path(key)
+    def records(self, pool: str) -> list[Record]:
+        path = self.path(pool)
         try:
             info = os.stat(path)
         except FileNotFoundError:
             return []
         stamp = (info.st_size, info.st_mtime_ns)
         with self._lock:
-            known = self._read.get(key)
+            known = self._read.get(path)
         if known is not None and known[0] == stamp:
             return known[1]
         records = read_sidecar(path)
         with self._lock:
-            self._read[key] = (stamp, records)
+            self._read[path] = (stamp, records)
+            while len(self._read) > 4 * 256:  # files of chats long gone
+                del self._read[next(iter(self._read))]
         return records
 
-    def story(self, key: str, story: Story) -> Story:
-        """The chat with the fresh scenes of its sidecar (its stale ones left out).
+    def story(self, session: Session, story: Story, cutting: Cutting, words: tuple[int, int], *, hold: bool) -> Story:
+        """The chat with its scenes: the sidecar's records that still tell its messages, then
+        provisional ones up to its settled end. `hold`: the summarizer is writing this chat's
+        summaries, so the turn assembles with the records of the turn before (the model's
+        summaries come in at once when it is done, one change of the prompt, not one a scene).
+        `words`: the summary's and the history's words (`[summarize]`)."""
+        if hold and session.held is not None:
+            records = session.held
+        else:
+            records = session.held = self.records(session.chat.pool)
+        judged = self._judged(session, story, records)
+        return replace(story, scenes=scenes_of(session, story, judged, cutting, words))
 
-        A chat's next turn is its last one and the messages after it: when the records are
-        the ones judged last, every one of them was found fresh where it stands, and the
-        story's messages begin with the messages judged then (the same objects, as
-        `chat_story` keeps them, so they compare equal at once), the verdict is the same, and
-        is not worked out again (hashing every scene's messages a turn was a third of serve's
-        own time on a long chat). Its scenes are then the same objects too, so their prices
-        are known again (`assemble.stable.Prices`)."""
-        records = self.records(key)
-        if not records or story.scenes or story.notes:  # a chat's story has neither of its own
-            return with_sidecar(story, records, str(self.path(key))) if records else story
-        with self._lock:
-            known = self._judged.get(key)
+    @staticmethod
+    def _judged(session: Session, story: Story, records: Sequence[Record]) -> Judged:
+        """`judge`, kept while the records are the same and the story only grew: a chat's next
+        turn is its last one and the messages after it (the same objects, as `chat_story` keeps
+        them), so a verdict that found every record fresh stands."""
+        known = session.judged
         if known is not None and known[0] is records and common_length(story.messages, known[1]) == len(known[1]):
-            return replace(story, scenes=known[2].scenes, notes=known[2].notes)
+            return known[2]
         judged = judge(story, records)
-        made = with_judged(story, judged, str(self.path(key)))
         if judged.fresh == tuple(records):  # each fresh where it stands: more messages after change none
-            with self._lock:
-                self._judged[key] = (records, story.messages, made)
-                self._judged.move_to_end(key)
-                while len(self._judged) > MOST_JUDGED:
-                    self._judged.popitem(last=False)
-        return made
+            session.judged = (records, story.messages, judged)
+        return judged
 
-    def save(self, key: str, records: list[Record]) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path(key), sidecar_text(records))
+
+def scenes_of(
+    session: Session, story: Story, judged: Judged, cutting: Cutting, words: tuple[int, int]
+) -> tuple[Scene, ...]:
+    """The scenes a turn assembles with: the records in story order (a stale one too), each
+    with its history while the chain of histories holds, then ctx's own for the rest: a
+    provisional scene for each settled span no record covers (kept from turn to turn while its
+    messages are the same, so the prompt's prefix holds), each history an extract rolled from
+    the one before."""
+    summary_words, history_words = words
+    in_use: list[Record] = []
+    for record in sorted((*judged.usable, *judged.stale), key=lambda r: r.start):
+        if not in_use or record.start > in_use[-1].end:
+            in_use.append(record)
+    scenes: list[Scene] = []
+    history, chained = "", True
+    for record in in_use:
+        chained = chained and record.start in judged.history_ok and (not scenes or record.start == scenes[-1].end + 1)
+        if chained:
+            history = record.history
+        else:
+            history = history_extract(history, record.summary, history_words)
+        scenes.append(Scene(len(scenes) + 1, record.start, record.end, record.id, record.title, record.summary,
+                            history, source="sidecar"))  # fmt: skip
+    covered = scenes[-1].end if scenes else 0
+    settled = len(story.messages) - cutting.settle
+    kept = _still_told(session, story, covered)
+    for start, end, summary in kept:
+        history = history_extract(history, summary, history_words)
+        scenes.append(_provisional(len(scenes) + 1, start, end, summary, history))
+    covered = kept[-1][1] if kept else covered
+    if settled > covered:
+        for start, end in pack(story.messages[covered:settled], cutting):
+            summary = summary_extract(story.messages[start - 1 : end], summary_words)
+            kept.append((start, end, summary))
+            history = history_extract(history, summary, history_words)
+            scenes.append(_provisional(len(scenes) + 1, start, end, summary, history))
+    session.scenes = (story.messages, tuple(scenes))
+    return tuple(scenes)
+
+
+def _provisional(order: int, start: int, end: int, summary: str, history: str) -> Scene:
+    return Scene(order, start, end, None, f"Messages {start:,}–{end:,} (provisional)", summary, history,
+                 source=PROVISIONAL)  # fmt: skip
+
+
+def _still_told(session: Session, story: Story, covered: int) -> list[tuple[int, int, str]]:
+    """The provisional scenes of the turn before that still stand: after what the records cover,
+    over messages that are the same objects as then (sent alike)."""
+    if session.scenes is None:
+        return []
+    messages, scenes = session.scenes
+    same = common_length(story.messages, messages)
+    kept: list[tuple[int, int, str]] = []
+    for scene in scenes:
+        if scene.source != PROVISIONAL or scene.start <= covered:
+            continue
+        if scene.end > same or (kept and scene.start != kept[-1][1] + 1) or (not kept and scene.start != covered + 1):
+            break
+        kept.append((scene.start, scene.end, scene.summary))
+    return kept

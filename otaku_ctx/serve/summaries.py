@@ -1,6 +1,7 @@
 """Summaries in the background: when a chat's settled part has no summaries, the same backend
-is asked for them, one request at a time and only while no live request is waiting, so a live
-request never waits behind more than the one summary request already on the server.
+is asked for them, one request at a time and while no live request is waiting — or, under
+steady play, one after every `SHARE` live requests that went first — so a live request never
+waits behind more than the one summary request already on the server.
 
 The planning and the commits are `ctx summarize`'s own (`summarize.plan_for`, `summarize.run`):
 resumable (each finished scene is written to the chat's sidecar before the next request) and
@@ -20,7 +21,9 @@ from ..config import Settings
 from ..errors import OtakuError
 from ..story.model import Story
 from ..summarize import Plan, Progress, plan_for, prompts_of, run
+from ..summarize.commits import Commits
 from ..tokens import TokenCounter
+from .session import Session
 from .store import Store
 
 log = logging.getLogger("otaku_ctx.serve")
@@ -28,6 +31,10 @@ log = logging.getLogger("otaku_ctx.serve")
 
 class Stopped(Exception):
     """The server is stopping: no further summary request is sent."""
+
+
+#: under steady play, a summary request goes after this many live requests went before it
+SHARE = 3
 
 
 class Gate:
@@ -38,6 +45,7 @@ class Gate:
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self.live_now = 0
+        self.lived = 0  # live requests that have come, in all
         self.summary_now = False
         self.stopping = False
 
@@ -45,6 +53,7 @@ class Gate:
     def live(self) -> Iterator[None]:
         with self._changed:
             self.live_now += 1
+            self.lived += 1
         try:
             yield
         finally:
@@ -57,7 +66,10 @@ class Gate:
         """Wait until no live request is held, then send one summary request: a live request
         arriving meanwhile goes to the server at once and waits for this one at most."""
         with self._changed:
-            self._changed.wait_for(lambda: (self.live_now == 0 and not self.summary_now) or self.stopping)
+            since = self.lived
+            self._changed.wait_for(
+                lambda: (not self.summary_now and (self.live_now == 0 or self.lived - since >= SHARE)) or self.stopping
+            )
             if self.stopping:
                 raise Stopped()
             self.summary_now = True
@@ -119,8 +131,8 @@ class Work:
 
 class Summarizer:
     """One thread that writes the summaries chats lack, a chat at a time, newest wish first.
-    `counting` runs a function where the turns count (one thread: counters are not shared
-    across threads)."""
+    What it knows of a chat is on the chat's session (`session.Session`); `counting` runs a
+    function where the turns count (one thread: counters are not shared across threads)."""
 
     def __init__(
         self,
@@ -136,43 +148,35 @@ class Summarizer:
         self.settings = replace(s, url=backend.url, model=backend.model, jobs=1)
         self.backend = GatedBackend(backend, gate)
         self.count, self.store, self.gate, self.counting = count, store, gate, counting
-        self.wanted: dict[str, Story] = {}
-        self.working: dict[str, Work] = {}
-        self.failed: dict[str, int] = {}  # chat -> the length of the story that failed, not retried until it grows
-        self.why: dict[str, str] = {}  # chat -> why its summaries could not be written, the last time
-        self.complete: dict[str, int] = {}  # chat -> the length of the story last found with nothing to do
+        self.queue: list[Session] = []  # the sessions that want summaries, oldest wish first
         self._lock = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="ctx-serve-summaries", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def want(self, key: str, story: Story, *, now: bool = False) -> None:
+    def join(self, seconds: float) -> None:
+        if self._thread.is_alive():
+            self._thread.join(seconds)
+
+    def want(self, session: Session, story: Story) -> None:
         """The chat as its latest request has it: summarize what it lacks, when there is time.
         A chat found complete is planned again once `min_messages` more have come (a scene's
-        worth), or `now` (a turn was refused: a stale scene may stand in the way)."""
+        worth); one that failed, once it has grown."""
         with self._lock:
-            if self.failed.get(key, -1) >= len(story) and not now:
+            if session.failed_at >= len(story):
                 return
-            if not now and len(story) < self.complete.get(key, -1) + self.settings.min_messages:
+            if len(story) < session.complete_at + self.settings.min_messages:
                 return
-            self.wanted[key] = story
+            session.wanted = story
+            if session not in self.queue:
+                self.queue.append(session)
             self._lock.notify_all()
 
-    def outlook(self, key: str, story: Story) -> Work:
-        """What writing this chat's summaries takes, planned now (on the caller's thread, where
-        the counting is: a refused turn says how many scenes are left before the summarizer
-        has planned them itself)."""
+    def writing(self, session: Session) -> bool:
+        """Whether this chat's summaries are planned or being written now."""
         with self._lock:
-            work = self.working.get(key)
-        if work is not None and work.plan is not None:
-            return work
-        prompts = prompts_of(self.settings, self.count)
-        return Work(story, plan_for(story, self.store.records(key), prompts, self.settings, self.backend))
-
-    def left(self, key: str) -> Work | None:
-        with self._lock:
-            return self.working.get(key)
+            return session.working is not None or session in self.queue
 
     def stop(self) -> None:
         self.gate.stop()
@@ -182,59 +186,63 @@ class Summarizer:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                self._lock.wait_for(lambda: bool(self.wanted) or self.gate.stopping)
+                self._lock.wait_for(lambda: bool(self.queue) or self.gate.stopping)
                 if self.gate.stopping:
                     return
-                key, story = self.wanted.popitem()
-                work = self.working[key] = Work(story)
+                session = self.queue.pop()
+                story, session.wanted = session.wanted, None
+                if story is None:
+                    continue
+                work = session.working = Work(story)
+            key = session.key[:12]
             try:
-                self._summarize(key, work)
+                self._summarize(session, work)
             except Stopped:
                 return
             except (OtakuError, OSError) as error:
                 if self.gate.stopping:  # the request in flight when the server stopped: resumed next time
                     return
-                log.warning("chat %s: summaries not written: %s", key[:12], error)
+                log.warning("chat %s: summaries not written: %s", key, error)
                 with self._lock:
-                    self.failed[key] = len(story)
-                    self.why[key] = str(error)
+                    session.failed_at, session.why = len(story), str(error)
             except Exception:  # noqa: BLE001 - a bug here must not end the server
                 if self.gate.stopping:  # the worker thread is gone: the server is stopping
                     return
-                log.exception("chat %s: summaries not written", key[:12])
+                log.exception("chat %s: summaries not written", key)
                 with self._lock:
-                    self.failed[key] = len(story)
-                    self.why[key] = "an error in ctx serve itself (its log has the traceback)"
+                    session.failed_at = len(story)
+                    session.why = "an error in ctx serve itself (its log has the traceback)"
             finally:
                 with self._lock:
-                    self.working.pop(key, None)
+                    session.working = None
 
-    def _summarize(self, key: str, work: Work) -> None:
-        story = work.story
-        records = self.store.records(key)
+    def _summarize(self, session: Session, work: Work) -> None:
+        story, key, path = work.story, session.key[:12], self.store.path(session.chat.pool)
+        records = self.store.records(session.chat.pool)
         prompts = prompts_of(self.settings, self.count)
         chosen = self.counting(lambda: plan_for(story, records, prompts, self.settings, self.backend))
         with self._lock:
-            self.why.pop(key, None)
+            session.why = ""
         if not chosen.requests:
             with self._lock:
-                self.complete[key] = len(story)
+                session.complete_at = len(story)
             return
         progress = Progress()
         with self._lock:
             work.plan, work.progress = chosen, progress
-        log.info(
-            "chat %s: writing summaries: %d scenes, %d requests", key[:12], len(chosen.spans), len(chosen.requests)
-        )
+        log.info("chat %s: writing summaries: %d scenes, %d requests", key, len(chosen.spans), len(chosen.requests))
+        path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            report = run(chosen, self.backend, prompts, lambda done: self.store.save(key, done), progress)
+            with Commits(path, records) as commits:  # the lock ctx summarize takes too; merged, appended
+                report = run(chosen, self.backend, prompts, commits.commit, progress)
         except BackendError as error:
             raise OtakuError(str(error)) from None
         missing = f", {len(report.missing)} that no reply would do for" if report.missing else ""
         log.info(
             "chat %s: summaries written: %d scenes, %d histories, %d scenes in all%s",
-            key[:12], report.summaries, report.histories, report.scenes, missing,
+            key, report.summaries, report.histories, report.scenes, missing,
         )  # fmt: skip
-        if report.missing:
-            with self._lock:
-                self.why[key] = f"no reply of the model would do for {len(report.missing)} scenes"
+        with self._lock:
+            session.complete_at = len(story)
+            if report.missing:
+                session.why = f"no reply of the model would do for {len(report.missing)} scenes"

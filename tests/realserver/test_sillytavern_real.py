@@ -1,0 +1,150 @@
+"""SillyTavern plays through `ctx serve` (issue 34): the 17 requests SillyTavern 1.12.6 really
+sent in a played session (tests/fixtures/sillytavern-requests/, its README says what the user
+did at each), sent in order through serve, with the defaults, to the real llama-server
+(SmolLM2-135M-Instruct, `-c 4096` on one slot, and again at `-c 2048`).
+
+Each is answered 200 with a reply — the first contact, while the summaries are still to be
+written, included, and the Test Message (a one-message probe, remembered nowhere); the Stop of
+request 11 is a request closed after four chunks, and a turn in the stats marked cancelled. The
+chat is one chat in `/ctx/stats` though its frame changes as lorebook entries fire and it is
+named from request 5 on. No forwarded user or assistant message holds a label the request did
+not (`Assistant: …`): each is one of the request's own. At 4,096, from the fourth request on,
+≥ 90 % of the prompt is cached by the server's own count on ≥ 80 % of the requests that do not
+follow an edit (request 13 edits message 260)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from server import free_port, launch, stop
+
+from otaku_ctx.config import ServeSettings, Settings
+from otaku_ctx.serve.http import Running, Service
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sillytavern-requests" / "seraphina-long-chat.jsonl"
+EDITS = {13}  # the request that follows an edit of the chat (message 260)
+STOPPED = 11  # the request the user stopped after four updates
+UPDATES_BEFORE_STOP = 4
+
+
+def requests() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in FIXTURE.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture(params=[4096, 2048], ids=["c4096", "c2048"])
+def played(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[int, Running, list[dict[str, Any]]]]:
+    """llama-server at the window asked for, one slot; serve in front of it with the defaults
+    (its summaries in the test's otaku home); the bodies serve forwarded, recorded."""
+    context: int = request.param
+    log = tmp_path / "llama-server.log"
+    process = launch(log, free_port(), context=context, slots=1)
+    try:
+        port = process.args[process.args.index("--port") + 1]  # type: ignore[union-attr]
+        service = Service(Settings(serve=ServeSettings(backend=f"http://127.0.0.1:{port}/v1", port=0)))
+        sent: list[dict[str, Any]] = []
+        forward = service.upstream.send
+
+        @asynccontextmanager
+        async def recorded(method: str, path: str, body: Any = None) -> Any:
+            if path == "/chat/completions" and body is not None:
+                sent.append(dict(body))
+            async with forward(method, path, body) as answer:
+                yield answer
+
+        service.upstream.send = recorded  # type: ignore[method-assign]
+        running = Running(service)
+        try:
+            yield context, running, sent
+        finally:
+            try:
+                (tmp_path / "stats.json").write_bytes(_get(running, "/ctx/stats")[1])
+            finally:
+                running.stop()
+                (tmp_path / "sent.json").write_text(json.dumps(sent))
+    finally:
+        stop(process)
+
+
+def test_sillytavern_plays_through_serve(played: tuple[int, Running, list[dict[str, Any]]]) -> None:
+    context, running, sent = played
+    replies: dict[int, str] = {}
+    for each in requests():
+        turn, body, headers = each["turn"], each["body"], each["headers"]
+        before = len(sent)
+        status, text = _post(running, body, headers, stop_after=UPDATES_BEFORE_STOP if turn == STOPPED else None)
+        assert status == 200, f"request {turn}: {status} {text[:300]}"
+        assert text.strip(), f"request {turn}: no reply"
+        replies[turn] = text
+        assert len(sent) == before + 1
+        own = {m["content"] for m in body["messages"]}
+        for m in sent[-1]["messages"]:
+            if m["role"] in ("user", "assistant"):  # as the request held it: no label of ctx's own
+                assert m["content"] in own, f"request {turn}: {m['content'][:120]!r}"
+
+    status, data = _get(running, "/ctx/stats")
+    chats = json.loads(data)["chats"]
+    assert len(chats) == 1, [(c["chat"], len(c["turns"])) for c in chats]  # the probe is none
+    [chat] = chats
+    turns = chat["turns"]
+    assert len(turns) == 16 and sum(t["cancelled"] for t in turns) == 1
+    if context != 4096:
+        return
+    played_turns = [t for t in turns]  # request 16 is the probe: turns are requests 1-15 and 17
+    numbers = [n for n in range(1, 18) if n != 16]
+    measured = [(n, t) for n, t in zip(numbers, played_turns, strict=True) if n >= 4 and n not in EDITS]
+    held = [
+        n
+        for n, t in measured
+        if t["cached"] is not None and t["prompt_tokens"] and t["cached"] >= 0.9 * t["prompt_tokens"]
+    ]
+    table = [(n, t["case"], t["sent"], t["prompt_tokens"], t["cached"], t["cancelled"]) for n, t in measured]
+    assert len(held) >= 0.8 * len(measured), f"(request, case, sent, prompt, cached, cancelled): {table}"
+
+
+def _post(
+    running: Running, body: dict[str, Any], headers: dict[str, str], *, stop_after: int | None
+) -> tuple[int, str]:
+    """One request as SillyTavern sends it: its status and the reply's text (streamed: the
+    deltas joined; `stop_after`: the connection closed after that many events, as Stop does)."""
+    url = urlsplit(running.url)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
+    try:
+        connection.request("POST", url.path + "/chat/completions", json.dumps(body).encode(),
+                           {"Content-Type": "application/json", **headers})  # fmt: skip
+        answer = connection.getresponse()
+        if answer.status != 200 or not body.get("stream"):
+            data = json.loads(answer.read())
+            if answer.status != 200:
+                return answer.status, json.dumps(data)
+            return 200, data["choices"][0]["message"]["content"] or ""
+        pieces, events = [], 0
+        for raw in answer:
+            line = raw.decode("utf-8").strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            events += 1
+            chunk = json.loads(line[5:])
+            pieces.extend(c["delta"].get("content") or "" for c in chunk.get("choices", ()))
+            if stop_after is not None and events >= stop_after:
+                break
+        return 200, "".join(pieces)
+    finally:
+        connection.close()
+
+
+def _get(running: Running, path: str) -> tuple[int, bytes]:
+    url = urlsplit(running.url)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    try:
+        connection.request("GET", path)
+        answer = connection.getresponse()
+        return answer.status, answer.read()
+    finally:
+        connection.close()
