@@ -2,6 +2,7 @@
 
     python benchmarks/bench.py                     # 1k, 10k, 100k, 300k messages, 11 runs each
     python benchmarks/bench.py --quick             # 1k and 10k, 3 runs
+    python benchmarks/bench.py --smoke             # once, small: 1k, 1 run, every section (benchmarks/smoke.sh)
     python benchmarks/bench.py --sizes 1000 --repeats 9 --startup
     python benchmarks/bench.py --ctx /work/venv/bin/ctx --no-otaku
     python benchmarks/bench.py --sizes 1000 --no-otaku --counters ~/.cache/otaku-ctx/smollm2-0.1.2/*.gguf
@@ -34,6 +35,11 @@ Then one in-process run per size and template of phases.py: where ctx's time goe
 Generated stories and otaku's venv live in the cache folder (--cache-dir, default
 ~/.cache/otaku-ctx-bench), never in the repository. A process slower than --slow seconds is
 run once; one slower than --timeout seconds is stopped and reported as ">timeout".
+
+--smoke runs every section once at a small size (1,000 messages, one run after the warm-up,
+--startup, the counter "estimate" beside the default), to show the benchmark still works
+rather than to measure: anything a full run reports and goes on past (a ctx or otaku run that
+fails or times out, otaku not installed, the phases unavailable) makes it exit 1.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ HERE = Path(__file__).resolve().parent
 OTAKU_VERSION = "0.8.0"
 SIZES = [1_000, 10_000, 100_000, 300_000]
 QUICK_SIZES = [1_000, 10_000]
+SMOKE_SIZES = [1_000]
 TEMPLATES = ["default", "serene"]
 ENTRY = "import sys; from otaku_ctx.__main__ import entry; sys.argv[0] = 'ctx'; entry()"
 FLOOR = "import json, sys\nwith open(sys.argv[1], encoding='utf-8') as f: f.read()"
@@ -113,6 +120,7 @@ def run_once(command: list[str], env: dict[str, str], scratch: Path, timeout: fl
 class Measure:
     runs: list[Run] = field(default_factory=list)
     note: str = ""
+    cut: bool = False  # fewer runs than asked: one was slower than --slow or timed out
 
     @property
     def median(self) -> float | None:
@@ -135,7 +143,7 @@ class Measure:
         text = seconds(self.median)
         if self.code != 0:
             text += f" !{self.code}"
-        return text + ("" if len(self.runs) > 1 else "¹")
+        return text + ("¹" if self.cut and len(self.runs) == 1 else "")
 
 
 def measure(
@@ -147,11 +155,13 @@ def measure(
     first = run_once(command, env, scratch, timeout)
     if first.code is None or first.seconds > slow:
         m.runs.append(first)
+        m.cut = True
         return m
     for _ in range(repeats):
         r = run_once(command, env, scratch, timeout)
         m.runs.append(r)
         if r.code is None or r.seconds > slow:
+            m.cut = True
             break
     return m
 
@@ -169,6 +179,7 @@ def interleaved(
         first = run_once(command, env, scratch, timeout)
         if first.code is None or first.seconds > slow:
             out[name].runs.append(first)
+            out[name].cut = True
         else:
             live.append(name)
     for _ in range(repeats):
@@ -177,6 +188,7 @@ def interleaved(
             r = run_once(command, env, scratch, timeout)
             out[name].runs.append(r)
             if r.code is None or r.seconds > slow:
+                out[name].cut = True
                 live.remove(name)
     return out
 
@@ -210,6 +222,7 @@ class Setup:
     otaku_note: str
     cache: Path
     scratch: Path
+    problems: list[str] = field(default_factory=list)  # what --smoke exits 1 for
 
 
 def ctx_setup(args: argparse.Namespace, cache: Path) -> tuple[list[str], dict[str, str]]:
@@ -287,6 +300,8 @@ def startup(s: Setup, args: argparse.Namespace) -> None:
     for flag in ("--version", "--help"):
         m = measure([*s.ctx, flag], s.env, s.scratch, args.repeats, args.slow, args.timeout)
         print(f"{'ctx ' + flag:<34} {m.cell():>8} {m.rss:>7.0f}MB")
+        if m.code != 0:
+            s.problems.append(f"ctx {flag}: exit {m.code}: {m.runs[-1].err[-200:]}")
     done = subprocess.run(
         [s.python, "-X", "importtime", "-c", "import otaku_ctx.cli.app"], env=s.env, capture_output=True, text=True
     )
@@ -298,6 +313,7 @@ def startup(s: Setup, args: argparse.Namespace) -> None:
         rows.append((int(own), int(total), name))
     if not rows:
         print(f"\nimporttime: no output ({done.stderr.strip()[-200:]})")
+        s.problems.append("importtime: no output")
         return
     whole = next((t for _, t, name in rows if name.strip() == "otaku_ctx.cli.app"), max(t for _, t, _ in rows))
     print(f"\n`python -X importtime -c 'import otaku_ctx.cli.app'`: {whole / 1000:.0f}ms in all; top 20 by own time\n")
@@ -342,8 +358,23 @@ def sizes(s: Setup, args: argparse.Namespace) -> None:
         if not s.otaku:
             row["otaku"] = Measure(note="n/a")
         row["phases"] = {t: phases(s, story, t, flags) for t in args.templates} if args.phases else {}
+        s.problems += failures(row)
         rows.append(row)
     report(rows, s, args)
+
+
+def failures(row: dict) -> list[str]:
+    """What went wrong in one size's row: a column whose last run failed or timed out, a ctx
+    run with nothing on stdout, a phase breakdown unavailable."""
+    found = []
+    for name, m in row.items():
+        if isinstance(m, Measure) and m.runs and (m.code != 0 or m.note):
+            detail = m.note or (m.runs[-1].err.splitlines() or ["no message"])[-1][:160]
+            found.append(f"{row['n']:,} {name}: exit {m.code}: {detail}")
+    for template, p in row["phases"].items():
+        if isinstance(p, str):
+            found.append(f"{row['n']:,} phases ({template}): {p}")
+    return found
 
 
 def phases(s: Setup, story: Path, template: str, flags: list[str]) -> dict | str:
@@ -433,6 +464,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="*", help=f"story sizes in messages (default {SIZES})")
     parser.add_argument("--repeats", type=int, help="runs per figure, the median reported (default 11)")
     parser.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES} and 3 runs")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"once, small: sizes {SMOKE_SIZES}, 1 run, --startup, --counters estimate; exit 1 on any failure",
+    )
     parser.add_argument("--templates", nargs="+", default=TEMPLATES)
     parser.add_argument("--python", default=sys.executable, help="interpreter for ctx and the floor")
     parser.add_argument("--repo", type=Path, default=HERE.parent, help="checkout put on PYTHONPATH")
@@ -463,9 +499,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--otaku-timeout", type=float, default=900.0, help="stop an otaku run after this")
     args = parser.parse_args(argv)
     if args.sizes is None:
-        args.sizes = QUICK_SIZES if args.quick else SIZES
+        args.sizes = SMOKE_SIZES if args.smoke else QUICK_SIZES if args.quick else SIZES
     if args.repeats is None:
-        args.repeats = 3 if args.quick else 11
+        args.repeats = 1 if args.smoke else 3 if args.quick else 11
+    if args.smoke:
+        args.startup = True
+        args.counters = args.counters or ["estimate"]
     cache = args.cache_dir.expanduser()
     scratch = cache / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
@@ -480,6 +519,12 @@ def main(argv: list[str] | None = None) -> int:
         startup(s, args)
     if args.sizes:
         sizes(s, args)
+    if args.smoke:
+        if note and not args.no_otaku:
+            s.problems.append(f"otaku: {note}")
+        for line in s.problems:
+            print(f"bench.py --smoke: {line}", file=sys.stderr)
+        return 1 if s.problems else 0
     return 0
 
 

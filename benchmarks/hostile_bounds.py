@@ -6,6 +6,11 @@ of ctx's own, since the process is pytest's too (about 100 MB and a second or tw
 
     python benchmarks/hostile_bounds.py            # every case
     python benchmarks/hostile_bounds.py 3 10 17    # some of them
+    python benchmarks/hostile_bounds.py --smoke    # every case's tests collected; baseline and #8 run
+
+A case whose tests fail (or are no longer found) is shown with pytest's last line and makes the
+script exit 1. --smoke (benchmarks/smoke.sh) checks in one pytest process that every test named
+below is still collected, then times only the baseline and case 8 (one of each test file).
 
 Figures on this machine (2 cores, shared; 2026-12-02, one run each), wall s / peak MB:
 
@@ -51,6 +56,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 R4, MODELS = "tests/test_hostile_round4.py", "tests/test_hostile_models.py"
+
+SMOKE = ["baseline", "8"]  # the cheapest case of each test file
 
 #: each case of issue 28 (its number), and the tests that reproduce it
 CASES: dict[str, list[str]] = {
@@ -106,43 +113,50 @@ CASES: dict[str, list[str]] = {
 }
 
 
-def measure(tests: list[str]) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS in MB, pytest's last line) of one process running `tests`."""
-    argv = [
-        "/usr/bin/time",
-        "-v",
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-n",
-        "0",
-        "-m",
-        "",
-        "-p",
-        "no:cacheprovider",
-        *tests,
-    ]
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "", "-p", "no:cacheprovider"]
+
+
+def measure(tests: list[str]) -> tuple[float, int, str, int]:
+    """(wall seconds, peak RSS in MB, pytest's last line, its exit status) of one process running `tests`."""
+    argv = ["/usr/bin/time", "-v", *PYTEST, *tests]
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
     rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)[1])  # type: ignore[index]
     clock = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (?:(\d+):)?(\d+):([\d.]+)", done.stderr)
     assert clock is not None, done.stderr[-500:]
     wall = int(clock[1] or 0) * 3600 + int(clock[2]) * 60 + float(clock[3])
     last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()[-200:]
-    return wall, rss // 1024, last
+    return wall, rss // 1024, last, done.returncode
 
 
-def main() -> None:
+def collected() -> int:
+    """Whether pytest still finds every test of every case (a renamed test is an error here)."""
+    tests = [test for case in CASES.values() for test in case]
+    done = subprocess.run([*PYTEST, "--collect-only", *tests], cwd=REPO, capture_output=True, text=True, timeout=600)
+    lines = done.stdout.strip().splitlines() or [done.stderr.strip()[-200:]]
+    print(f"the {len(tests)} tests named by {len(CASES)} cases: {lines[-1]}")
+    if done.returncode:
+        print(done.stdout[-2000:], done.stderr[-2000:], sep="\n", file=sys.stderr)
+    return done.returncode
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cases", nargs="*", help="case numbers (default: all)")
-    asked = parser.parse_args().cases
+    parser.add_argument("--smoke", action="store_true", help=f"collect every case's tests; run only {SMOKE}")
+    args = parser.parse_args()
+    asked = args.cases or (SMOKE if args.smoke else [])
+    if unknown := sorted(set(asked) - set(CASES)):
+        parser.error(f"no case {', '.join(unknown)} (cases: {', '.join(CASES)})")
+    failed = collected() if args.smoke else 0
     print(f"{'case':>8}  {'wall s':>7}  {'peak MB':>7}  pytest")
     for case, tests in CASES.items():
         if asked and case not in asked and case != "baseline":
             continue
-        wall, rss, last = measure(tests)
-        print(f"{case:>8}  {wall:7.1f}  {rss:7d}  {last}")
+        wall, rss, last, code = measure(tests)
+        print(f"{case:>8}  {wall:7.1f}  {rss:7d}  {last}", flush=True)
+        failed = failed or code
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

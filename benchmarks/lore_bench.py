@@ -5,6 +5,8 @@ lore's worst cases (issue 20).
     python benchmarks/lore_bench.py --sizes 10000 --entries 500 --engine sillytavern
     python benchmarks/lore_bench.py --worst              # each worst case, median of 5 runs
     python benchmarks/lore_bench.py --worst --only chain-1000 --code /tmp/old --runs 1 --timeout 300
+    python benchmarks/lore_bench.py --smoke              # once, small: 1,000 messages, 1 run
+    python benchmarks/lore_bench.py --worst --smoke      # once: three of the worst cases, 1 run
 
 The story comes from storygen.py; the lorebook is generated from the same vocabulary, so
 many entries fire: keys from its places, things and people (one in five with secondary
@@ -19,6 +21,12 @@ next one's key), 5,000 entries plus one sticky entry (both engines), and the key
 ranking 20,000 and 40,000 entries all mentioned in its window. Each must stay under 5 s.
 `--code DIR` runs another checkout's `otaku_ctx` (e.g. `git archive` of an older commit),
 `--timeout` stops a run that takes longer and prints it as "> N s".
+
+`--smoke` (benchmarks/smoke.sh) runs once at a small size, to show the benchmark still works:
+a 1,000-message story, one run; with `--worst`, one run of regex+sticky, chain-1000 and
+5000+sticky (keyword) (each kind of case at its smallest, but the mentioned entries: 4 s at
+20,000), stopped after 30 s. A ctx run that fails ends the script with a non-zero exit, as in
+a full run; under `--smoke` one stopped at the timeout does too.
 """
 
 from __future__ import annotations
@@ -131,6 +139,9 @@ def mentioned(n: int) -> Case:
     return story, {"entries": book}, '[lore]\nengine = "keyword"\n'
 
 
+# --worst --smoke: each kind of case at its smallest, but the mentioned entries (4 s at 20k)
+SMOKE_WORST = ("regex+sticky", "chain-1000", "5000+sticky (keyword)")
+
 # name -> (the case, the window it is built for)
 WORST: dict[str, tuple[Callable[[], Case], int]] = {
     "regex+sticky": (regex_sticky, 32768),
@@ -148,9 +159,12 @@ def worst(args: argparse.Namespace) -> int:
     code = f", code {args.code}" if args.code else ""
     print(f"lore's worst cases, tokenizer {args.tokenizer}, median of {args.runs} runs{code}")
     print(f"{'case':<34}  {'seconds':>8}  placed")
+    timed_out = False
     with tempfile.TemporaryDirectory() as tmp:
         for n, (name, (make, window)) in enumerate(WORST.items()):
             if args.only and not any(o in name for o in args.only):
+                continue
+            if args.smoke and not args.only and name not in SMOKE_WORST:
                 continue
             story, book, config = make()
             folder = Path(tmp) / str(n)
@@ -176,21 +190,30 @@ def worst(args: argparse.Namespace) -> int:
                 placed = str(sum(e["placed"] for e in json.loads(facts.stdout)["lore"]["entries"]))
             shown = f"> {args.timeout:g}" if seconds == float("inf") else f"{seconds:.2f}"
             print(f"{name:<34}  {shown:>8}  {placed}", flush=True)
-    return 0
+            if args.smoke and seconds == float("inf"):
+                timed_out = True
+    return 1 if timed_out else 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000])
+    parser.add_argument("--sizes", type=int, nargs="+", help="story sizes in messages (default 100000)")
     parser.add_argument("--entries", type=int, default=500)
     parser.add_argument("--engine", default="keyword", choices=["keyword", "sillytavern"])
     parser.add_argument("--tokenizer", default="cl100k_base", choices=["cl100k_base", "estimate"])
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, help="runs per figure, the median reported (default 5)")
     parser.add_argument("--worst", action="store_true", help="time issue 20's worst cases instead")
     parser.add_argument("--only", nargs="+", help="with --worst: only the cases whose names contain one of these")
     parser.add_argument("--code", help="with --worst: the folder holding the otaku_ctx to run (default: this one)")
     parser.add_argument("--timeout", type=float, default=None, help="with --worst: stop a run after this long")
+    parser.add_argument("--smoke", action="store_true", help="once, small: 1,000 messages, 1 run")
     args = parser.parse_args()
+    if args.sizes is None:
+        args.sizes = [1_000] if args.smoke else [100_000]
+    if args.runs is None:
+        args.runs = 1 if args.smoke else 5
+    if args.smoke and args.timeout is None:
+        args.timeout = 30.0
     if args.worst:
         return worst(args)
     print(f"{args.entries} entries, engine {args.engine}, tokenizer {args.tokenizer}, median of {args.runs} runs")

@@ -4,11 +4,13 @@ the converted tokenizer loaded from the cache (every later build), and counting 
 texts beside the cl100k_base counter, one by one and in batches.
 
     .venv/bin/python benchmarks/model_tokenizers.py [--gguf FILE] [--story FILE.jsonl] [--vocab N]
+    .venv/bin/python benchmarks/model_tokenizers.py --smoke [--gguf FILE]   # once, small (smoke.sh)
 
 Without --gguf it writes a synthetic byte-level BPE GGUF of --vocab tokens (default 128,256,
 Llama 3's size) with merges consistent with them (178k; Llama 3 has 280k); --gguf times a real one (SmolLM2's, say).
 Each figure is CPU time (these machines are shared: wall time drifts with the load), the median
 of --rounds fresh processes; "convert" is a first build's, "cached load" a later build's.
+--smoke is one round, and without --gguf a synthetic vocabulary of 8,192 tokens.
 
 Figures on this machine (2 shared cores, Python 3.11, tokenizers 0.23.3, TOKENIZERS_PARALLELISM
 false), CPU seconds, medians of 5, a 1,052-message story (1,001 texts):
@@ -125,9 +127,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gguf", type=Path)
     parser.add_argument("--story", type=Path, default=HERE.parent / "examples" / "lighthouse-case4.jsonl")
-    parser.add_argument("--vocab", type=int, default=128_256)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--vocab", type=int, help="the synthetic vocabulary's size (default 128256)")
+    parser.add_argument("--rounds", type=int, help="fresh processes, the median reported (default 5)")
+    parser.add_argument("--smoke", action="store_true", help="once, small: 1 round, a vocabulary of 8192")
     args = parser.parse_args()
+    if args.vocab is None:
+        args.vocab = 8_192 if args.smoke else 128_256
+    if args.rounds is None:
+        args.rounds = 1 if args.smoke else 5
     with tempfile.TemporaryDirectory(prefix="ctx-model-bench-") as folder:
         gguf = args.gguf or synthetic(Path(folder) / "synthetic.gguf", args.vocab)
         runs = []
@@ -136,7 +143,10 @@ def main() -> None:
             env = {"OTAKU_HOME": str(home), "PATH": "/usr/bin:/bin", "TOKENIZERS_PARALLELISM": "false"}
             command = [sys.executable, "-c", ROUND, str(gguf), str(args.story)]
             # the first run of a fresh home converts the vocabulary; the second loads the cache
-            done = [subprocess.run(command, env=env, capture_output=True, text=True, check=True) for _ in range(2)]
+            done = [subprocess.run(command, env=env, capture_output=True, text=True) for _ in range(2)]
+            for child in done:
+                if child.returncode:
+                    sys.exit(f"a round's process exited {child.returncode}:\n{child.stderr.strip()}")
             first, again = done
             runs.append((json.loads(first.stdout), json.loads(again.stdout)))
         first = {k: statistics.median(r[0][k] for r in runs) for k in runs[0][0]}

@@ -5,6 +5,7 @@ before it, in tokens, is "cached"; the rest reprocessed).
 
     python benchmarks/serve_bench.py                       # 10,000 messages, 40 turns
     python benchmarks/serve_bench.py --messages 2000 --turns 20 --window 4096
+    python benchmarks/serve_bench.py --smoke               # once, small: 6,000 messages, 6 turns, 1 warm
 
 - **ctx's own time per turn**: what `/ctx/stats` says ctx spent on a turn before forwarding it
   (reading the request into a Story, finding the chat and its summaries, assembling, counting),
@@ -40,6 +41,10 @@ A frontend that drops the oldest messages rewrites the prompt right after its fr
 turn the window is full, so the backend reprocesses nearly all of it; with ctx in front the backend reprocesses the new
 messages only, but at the turns where the shape changes.
 
+--smoke (benchmarks/smoke.sh) plays 6 turns of a 6,000-message chat, 1 warm-up. Not fewer
+messages: from about 5,000 the chat's summaries alone no longer fit the window, so a turn fits,
+as at 10,000, only with the chat's history in place of the scenes before it.
+
 Benchmarks report figures; no test asserts a time.
 """
 
@@ -54,6 +59,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -175,12 +181,19 @@ def drop_oldest(messages: list[dict[str, Any]], limit: int) -> list[dict[str, An
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=10_000)
-    parser.add_argument("--turns", type=int, default=40)
-    parser.add_argument("--warm", type=int, default=5)
+    parser.add_argument("--messages", type=int, help="the chat's length before the first turn (default 10000)")
+    parser.add_argument("--turns", type=int, help="turns played (default 40)")
+    parser.add_argument("--warm", type=int, help="first turns left out of ctx's time (default 5)")
     parser.add_argument("--window", type=int, default=8192)
     parser.add_argument("--reply", type=int, default=300)
+    parser.add_argument("--smoke", action="store_true", help="once, small: 6,000 messages, 6 turns, 1 warm")
     args = parser.parse_args()
+    small = args.smoke
+    args.messages = args.messages if args.messages is not None else 6_000 if small else 10_000
+    args.turns = args.turns if args.turns is not None else 6 if small else 40
+    args.warm = args.warm if args.warm is not None else 1 if small else 5
+    if args.turns < args.warm + 2:
+        parser.error("--turns must be at least --warm + 2 (a median and a 90th percentile of the warm turns)")
 
     home = tempfile.mkdtemp(prefix="serve-bench-")
     os.environ["OTAKU_HOME"] = home
@@ -249,8 +262,11 @@ def _post(url: str, body: dict[str, Any]) -> bytes:
     list into its request, which would hide ctx's own time in the wall time."""
     data = json.dumps(body).encode()
     request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as answer:
-        return bytes(answer.read())
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return bytes(answer.read())
+    except urllib.error.HTTPError as error:  # what ctx said, not only its status
+        sys.exit(f"POST {url}: {error.code} {error.reason}: {error.read().decode(errors='replace')[:2000]}")
 
 
 if __name__ == "__main__":

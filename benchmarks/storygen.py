@@ -1,6 +1,7 @@
 """Deterministic story generator: the bundled examples and the benchmark stories.
 
     python benchmarks/storygen.py examples            # rewrite examples/*.jsonl
+    python benchmarks/storygen.py examples FOLDER     # write them into FOLDER instead
     python benchmarks/storygen.py story 10000 out.jsonl
 
 Stories are native JSONL: a system line, messages that alternate between the user (Mara)
@@ -128,8 +129,8 @@ def examples(folder: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["examples"]:
-        examples(Path(__file__).resolve().parents[1] / "examples")
+    if argv[:1] == ["examples"] and len(argv) <= 2:
+        examples(Path(argv[1]) if len(argv) == 2 else Path(__file__).resolve().parents[1] / "examples")
         return 0
     if len(argv) == 3 and argv[0] == "story":
         write(Path(argv[2]), records(int(argv[1])))

@@ -4,6 +4,8 @@ tests/realserver runs it; `sh tests/realserver/setup.sh` builds it once).
     python benchmarks/summarize_bench.py                  # 150 messages, 3 rounds
     python benchmarks/summarize_bench.py --messages 90 --rounds 5
     python benchmarks/summarize_bench.py --instant 1000   # the sidecar's commits, no model
+    python benchmarks/summarize_bench.py --smoke          # once, small: 30 messages, 1 round
+    python benchmarks/summarize_bench.py --smoke --instant 50   # the commits, 1 round
 
 It starts its own llama-server on 127.0.0.1 (`-t 1 -c 8192 -np 4`: four slots of 2,048
 tokens, one thread, `--no-cache-prompt` so no run finds its prompts cached by an earlier one)
@@ -47,6 +49,11 @@ a 617 KB file), 3 interleaved rounds on this machine, medians:
 
 What is left of "now" is the requests themselves (HTTP to a threaded stand-in in the same
 process, the checks, the counting): about 10 ms a request, flat with the story's length.
+
+`--smoke` (benchmarks/smoke.sh) runs once at a small size, to show the benchmark still works:
+one round of a 30-message chat (one scene of 20), its summary asked for once (`attempts = 1`,
+not 5: a try is some 7 s of the server's one thread, and SmolLM2's replies for this scene were
+all turned down, 2026-12-04: five requests a run, 40 s); with `--instant`, one round.
 """
 
 from __future__ import annotations
@@ -69,7 +76,7 @@ from server import MODEL, ServerProblem, chat, free_port, launch  # noqa: E402 -
 
 CONFIG = (
     "[summarize]\nsettle = 10\nmin_chars = 1500\nmin_messages = 15\nsummary_words = 40\nhistory_words = 30\n"
-    "temperature = 0.0\nrepeat_penalty = 1.1\ntimeout = 300\nattempts = 5\n"
+    "temperature = 0.0\nrepeat_penalty = 1.1\ntimeout = 300\nattempts = {attempts}\n"
 )
 TOTAL = re.compile(r"total time =\s*([\d.]+) ms")
 
@@ -238,17 +245,22 @@ def instant(scenes: int, rounds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=150, help="the chat's length (default 150)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument("--messages", type=int, help="the chat's length (default 150)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 3)")
     parser.add_argument("--instant", type=int, metavar="SCENES", help="time the commits of SCENES scenes instead")
+    parser.add_argument("--smoke", action="store_true", help="once, small: 30 messages, 1 round")
     args = parser.parse_args()
+    if args.messages is None:
+        args.messages = 30 if args.smoke else 150
+    if args.rounds is None:
+        args.rounds = 1 if args.smoke else 3
     if args.instant:
         instant(args.instant, args.rounds)
         return
 
     work = Path(tempfile.mkdtemp(prefix="summarize-bench-"))
     config = work / "config.toml"
-    config.write_text(CONFIG, encoding="utf-8")
+    config.write_text(CONFIG.format(attempts=1 if args.smoke else 5), encoding="utf-8")
     log = work / "server.log"
     process, url = start(log, slots=4)
     walls: dict[int, list[float]] = {1: [], 4: []}

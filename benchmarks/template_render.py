@@ -1,6 +1,7 @@
 """How long the shipped templates take to render a chat, median of several runs.
 
     python benchmarks/template_render.py [--messages 200] [--runs 7]
+    python benchmarks/template_render.py --smoke    # once, small: 50 messages, 1 run
 
 The figures are for reading, never asserted in a test.
 """
@@ -20,9 +21,14 @@ from otaku_ctx.render.lookup import load_template  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=200)
-    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--messages", type=int, help="the chat's length (default 200)")
+    parser.add_argument("--runs", type=int, help="runs per template, the median reported (default 7)")
+    parser.add_argument("--smoke", action="store_true", help="once, small: 50 messages, 1 run")
     args = parser.parse_args()
+    if args.messages is None:
+        args.messages = 50 if args.smoke else 200
+    if args.runs is None:
+        args.runs = 1 if args.smoke else 7
     chat = [
         {"role": ("user", "assistant")[n % 2], "name": "N", "message": "line " * 40, "kind": "message"}
         for n in range(args.messages)

@@ -3,6 +3,7 @@
     python benchmarks/warm_build.py                          # 10,000 messages, 9 rounds
     python benchmarks/warm_build.py --sizes 1000 10000 --rounds 15
     python benchmarks/warm_build.py --against /tmp/base      # and an older checkout, interleaved
+    python benchmarks/warm_build.py --smoke                  # once, small: 1,000 messages, 1 round
 
 Each round starts one fresh process per checkout, which reads the story, then times:
 
@@ -69,17 +70,24 @@ def story_file(cache: Path, size: int) -> Path:
 
 def run(repo: Path, story: Path, home: Path) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(repo), "OTAKU_HOME": str(home)}
-    out = subprocess.run([sys.executable, "-c", CHILD, str(story)], env=env, check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", CHILD, str(story)], env=env, capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"{repo}: the build's process exited {out.returncode}:\n{out.stderr.strip()}")
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000])
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--sizes", type=int, nargs="+", help="story sizes in messages (default 10000)")
+    parser.add_argument("--rounds", type=int, help="rounds, the medians reported (default 9)")
     parser.add_argument("--against", type=Path, help="another checkout of otaku-ctx, timed in the same rounds")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "otaku-ctx-bench")
+    parser.add_argument("--smoke", action="store_true", help="once, small: 1,000 messages, 1 round")
     args = parser.parse_args(argv)
+    if args.sizes is None:
+        args.sizes = [1_000] if args.smoke else [10_000]
+    if args.rounds is None:
+        args.rounds = 1 if args.smoke else 9
     home = args.cache_dir / "home"
     home.mkdir(parents=True, exist_ok=True)
     checkouts = {"this": REPO, **({"against": args.against.resolve()} if args.against else {})}
