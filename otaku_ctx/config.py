@@ -54,6 +54,7 @@ Kind = Literal[
     "fallback",
     "hours",
     "speakers",
+    "placement",
 ]
 
 #: how chat messages name who speaks (`[prompt] speakers`)
@@ -255,7 +256,11 @@ class ServeSettings:
     stable_frame: bool = setting(
         True, "the frame's parts that come and go (fired World Info) go at frame_depth, the rest first", "flag"
     )
-    frame_depth: int = setting(4, "where the frame's moving parts go: this many messages before the end", "count")
+    frame_depth: int | Literal["tail"] = setting(
+        "tail",
+        "where the frame's moving parts go: \"tail\" (before the tail's first message) or N messages from the end",
+        "placement",
+    )
     shutdown: float = setting(60.0, "on SIGTERM, seconds in-flight replies get to finish", "seconds")
 
 
@@ -329,6 +334,10 @@ def _count(c: _Check, expected: str = "") -> int:
 
 def _depth(c: _Check) -> Any:
     return c.value if c.value == "auto" else _count(c, 'a number of messages ≥ 0 or "auto"')
+
+
+def _placement(c: _Check) -> Any:
+    return c.value if c.value == "tail" else _count(c, 'a number of messages ≥ 0 or "tail"')
 
 
 def _reserve(c: _Check) -> Any:
@@ -433,6 +442,7 @@ def _one_of(choices: Sequence[str]) -> Callable[[_Check], str]:
 CHECKS: dict[str, Callable[[_Check], Any]] = {
     "count": _count,
     "depth": _depth,
+    "placement": _placement,
     "reserve": _reserve,
     "flag": _flag,
     "switch": _switch,

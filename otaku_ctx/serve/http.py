@@ -262,7 +262,8 @@ class Service:
         against the last one, its scenes (the summaries, else provisional ones), its frame
         placed, and the turn assembled; then its summaries wished for."""
         settings, serve = setup.settings, setup.settings.serve
-        depth = serve.frame_depth if serve.stable_frame else None
+        # "tail": a depth past any chat is placed at the tail's first message (`Variables.for_assembly`)
+        depth = (TAIL if serve.frame_depth == "tail" else serve.frame_depth) if serve.stable_frame else None
         summarizer = setup.summarizer
         if turn.chat.probe:  # a connection test: answered as it is, remembered nowhere
             story = framed(chat_story(turn.body), turn.frame, (), None)
@@ -516,7 +517,9 @@ class TooLarge(Exception):
         self.bound = bound
 
 
-Done = Callable[..., None]  # a turn's end: done(usage, cancelled=False)
+Done = Callable[..., None]
+#: the depth that places the frame's moving parts at the tail's first message, whatever the chat's length
+TAIL = 1 << 30  # a turn's end: done(usage, cancelled=False)
 
 
 def moving(session: Session, frame: Sequence[FramePart]) -> frozenset[FramePart]:
