@@ -149,7 +149,7 @@ def summaries(messages: list[dict[str, Any]], settle: int, size: int) -> tuple[s
     from otaku_ctx.story.sidecar import Record, covers, history_basis, sha, sidecar_text
 
     story = chat_story({"messages": messages})
-    key = identify(story, {}, {}, 2).key
+    key = identify(story, {}, {}, 2).pool  # the summaries are the opening's
     records: list[Record] = []
     previous = None
     for number, start in enumerate(range(1, len(story) - settle - size + 1, size), 1):
@@ -157,9 +157,9 @@ def summaries(messages: list[dict[str, Any]], settle: int, size: int) -> tuple[s
         summary = f"In messages {start} to {end}, Keeper and Mara talk through the storm and the lamp."
         history = f"So far, through message {end}, Keeper and Mara have weathered many storms together."
         record = Record(
-            number, start, end, f"Scene {number}", summary, history, covers(story, start, end), "bench", "",
-            sha(summary), history_basis(previous),
-        )  # fmt: skip
+            number, start, end, f"Scene {number}", summary, history, covers=covers(story, start, end),
+            model="bench", summary_sha=sha(summary), history_from=history_basis(previous),
+        )  # fmt: skip  (by name: given in place, `made` took the summary's hash and every history read as stale)
         records.append(record)
         previous = record
     return key, sidecar_text(records)
