@@ -157,8 +157,16 @@ def summaries(messages: list[dict[str, Any]], settle: int, size: int) -> tuple[s
         summary = f"In messages {start} to {end}, Keeper and Mara talk through the storm and the lamp."
         history = f"So far, through message {end}, Keeper and Mara have weathered many storms together."
         record = Record(
-            number, start, end, f"Scene {number}", summary, history, covers=covers(story, start, end),
-            model="bench", summary_sha=sha(summary), history_from=history_basis(previous),
+            number,
+            start,
+            end,
+            f"Scene {number}",
+            summary,
+            history,
+            covers=covers(story, start, end),
+            model="bench",
+            summary_sha=sha(summary),
+            history_from=history_basis(previous),
         )  # fmt: skip  (by name: given in place, `made` took the summary's hash and every history read as stale)
         records.append(record)
         previous = record

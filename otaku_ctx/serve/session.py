@@ -47,6 +47,7 @@ class Session:
     judged: tuple[Sequence[Record], tuple[Message, ...], Judged] | None = None
     held: Sequence[Record] | None = None
     scenes: tuple[tuple[Message, ...], tuple[Scene, ...]] | None = None  # the scenes a turn last used
+    scenes_of: Judged | None = None  # the verdict they were made from
     # the summarizer's view of it
     wanted: Story | None = None  # the story to summarize, when there is time
     working: Any = None  # the `summaries.Work` under way

@@ -76,7 +76,19 @@ class Store:
         else:
             records = session.held = self.records(session.chat.pool)
         judged = self._judged(session, story, records)
-        return replace(story, scenes=scenes_of(session, story, judged, cutting, words))
+        known = session.scenes
+        if known is not None and session.scenes_of is judged and not any(x.source == PROVISIONAL for x in known[1]):
+            # the same verdict and nothing of ctx's own: the same Scene objects, whose prices the walk knows
+            settled = len(story.messages) - cutting.settle
+            if (
+                not known[1]
+                or known[1][-1].end >= settled
+                or not pack(story.messages[known[1][-1].end : settled], cutting)
+            ):
+                return replace(story, scenes=known[1])
+        scenes = scenes_of(session, story, judged, cutting, words)
+        session.scenes_of = judged
+        return replace(story, scenes=scenes)
 
     @staticmethod
     def _judged(session: Session, story: Story, records: Sequence[Record]) -> Judged:
