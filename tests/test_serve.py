@@ -320,23 +320,23 @@ def test_the_sidecar_is_judged_again_only_when_the_chat_or_the_records_changed(t
         Record(i + 1, a, b, f"S{i}", f"Scene {a}-{b}.", covers=covers(story, a, b), summary_sha=sha("x"))
         for i, (a, b) in enumerate([(3, 14), (15, 26)])
     ]
-    store, session = Store(tmp_path), Session(identify(story, {}, {}, 2))
+    # nothing more settled than the records cover (settle 44): the records alone, no provisional scene
+    store, session = Store(tmp_path, Cutting(settle=44), (20, 20)), Session(identify(story, {}, {}, 2))
     store.path(session.chat.pool).write_text(sidecar_text(records))
-    cutting, words = Cutting(settle=40), (20, 20)  # nothing more settled: the records alone
-    first = store.story(session, story, cutting, words, hold=False)
+    first = store.story(session, story, hold=False)
     judged = session.judged
     next_turn = chat_story({"messages": chat(44)}, story)
-    later = store.story(session, next_turn, Cutting(settle=44), words, hold=False)
-    assert session.judged is judged and [s.summary for s in later.scenes] == [s.summary for s in first.scenes]
+    later = store.story(session, next_turn, hold=False)
+    assert session.judged is judged and later.scenes is first.scenes
     assert [(s.start, s.end) for s in first.scenes] == [(3, 14), (15, 26)]
     edited = chat(44)
     edited[5]["content"] += " (edited)"
     changed = chat_story({"messages": edited}, story)
-    scenes = store.story(session, changed, Cutting(settle=44), words, hold=False).scenes
+    scenes = store.story(session, changed, hold=False).scenes
     # the stale scene 3-14 still serves (until it is redone), and the histories after it are ctx's own
     assert [(s.start, s.source) for s in scenes] == [(3, "sidecar"), (15, "sidecar")]
     store.path(session.chat.pool).write_text(sidecar_text(records[:1]))
-    assert [s.start for s in store.story(session, next_turn, Cutting(settle=44), words, hold=False).scenes] == [3]
+    assert [s.start for s in store.story(session, next_turn, hold=False).scenes] == [3]
 
 
 def test_usage_is_read_as_each_server_reports_it() -> None:

@@ -8,12 +8,12 @@ the rules each of those rests on, called without a server."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+import test_serve
 from test_serve import StandIn, _get, chat, settings_for
 
 from otaku_ctx.config import ContextSettings, Settings
@@ -23,20 +23,13 @@ from otaku_ctx.serve.http import Running, Service, moving, serving
 from otaku_ctx.serve.session import Session, Sessions
 from otaku_ctx.tokens import make_counter
 
+stand_in = test_serve.stand_in  # the stand-in backend, as test_serve's tests have it
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sillytavern-requests"
 
 
 def captured(name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (FIXTURES / name).read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-@pytest.fixture
-def stand_in() -> Iterator[StandIn]:
-    server = StandIn().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def live(stand_in: StandIn) -> list[dict[str, Any]]:

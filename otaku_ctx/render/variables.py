@@ -189,11 +189,10 @@ class Variables:
     @cached_property
     def open_turn(self) -> dict[str, Any]:
         """The last `chatMessages` entry: the turn the model continues ("Name: ")."""
-        story = self.story
-        last = next((m.name for m in reversed(story.messages) if m.role == "assistant" and m.name), None)
-        speaker = self.names.char or last or "Assistant"
-        if self.settings.speakers == "as_given":  # the frontend names the one to speak, if anyone
-            speaker = ""
+        speaker = ""  # "as_given": the frontend names the one to speak, if anyone
+        if self.settings.speakers != "as_given":
+            last = next((m.name for m in reversed(self.story.messages) if m.role == "assistant" and m.name), None)
+            speaker = self.names.char or last or "Assistant"
         # Its `message` is a mark no story text can hold: where the template prints it is how
         # the renderer knows which block the model continues (the mark itself prints nothing).
         return {"role": "assistant", "name": speaker, "message": OPEN_MARK, "kind": "open", "number": None,

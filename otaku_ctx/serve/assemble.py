@@ -23,7 +23,7 @@ from typing import Any
 
 from ..build import Built, Pipeline
 from ..config import Settings
-from ..story.model import Message, Story
+from ..story.model import Story
 from ..tokens import TokenCounter
 from .session import Session
 
@@ -124,10 +124,9 @@ def assemble_chat(
     """The chat assembled for the backend's `window` less the reply (cases 1-6), as chat
     messages, on the first rung of `rungs` (`ladder`) from the session's own that fits; the
     session's walk goes on from turn to turn. With no rung that fits, the newest messages that
-    fit (`newest_that_fit`); with none, the refusal of the last rung."""
+    fit (`newest_that_fit`); with none, the refusal of the newest message alone (case 6)."""
     *shaped, last_resort = rungs
     first = session.rung if session is not None else 0
-    built: Built | None = None
     for rung in range(min(first, len(shaped) - 1), len(shaped)):
         resume = session.walk if session is not None and rung == session.rung else None
         built = pipeline_for(rungs[rung], count, window, max_tokens).build(story, resume)
@@ -135,34 +134,29 @@ def assemble_chat(
             if session is not None:
                 session.rung, session.walk = rung, built.assembly.walked
             return Assembled(built, json.loads(built.prompt), rung)
-    assert built is not None
-    cut = newest_that_fit(story, last_resort, count, window, max_tokens)
-    if cut is None:
-        return Assembled(built, None, len(shaped) - 1)
-    kept, fitted = cut
+    kept, fitted = newest_that_fit(story, last_resort, count, window, max_tokens)
+    if fitted.prompt is None:
+        return Assembled(fitted, None, len(shaped) - 1)
     if session is not None:
         session.rung, session.walk = len(shaped) - 1, None
-    return Assembled(fitted, json.loads(fitted.prompt or "[]"), len(shaped), kept)
+    return Assembled(fitted, json.loads(fitted.prompt), len(shaped), kept)
 
 
 def newest_that_fit(
     story: Story, settings: Settings, count: TokenCounter, window: int, max_tokens: int | None
-) -> tuple[int, Built] | None:
+) -> tuple[int, Built]:
     """The most of the chat's newest messages that fit beside its frame (found by halving:
-    the newest k fit for every k below the most that do), built; None when not even the last
-    one does."""
+    the newest k fit for every k below the most that do), and their build; (0, the refusal of
+    the newest one alone) when not even it fits."""
     pipeline = pipeline_for(settings, count, window, max_tokens)
 
     def build(k: int) -> Built:
-        newest = story.messages[-k:]
-        renumbered = tuple(
-            Message(i, m.role, m.content, m.name, m.card, m.line, m.sent) for i, m in enumerate(newest, 1)
-        )
+        renumbered = tuple(replace(m, number=i) for i, m in enumerate(story.messages[-k:], 1))
         return pipeline.build(replace(story, messages=renumbered, scenes=()))
 
     best = build(1)
     if best.prompt is None:
-        return None
+        return 0, best
     low, high = 1, len(story.messages) + 1  # the newest `low` fit; `high` do not (or are more than there are)
     while high - low > 1:
         mid = (low + high) // 2

@@ -71,11 +71,20 @@ def frame_of(body: Mapping[str, Any]) -> tuple[FramePart, ...]:
     for index, raw in enumerate(body.get("messages") or ()):
         if not isinstance(raw, dict) or raw.get("role") not in FRAME_ROLES:
             break
-        name = raw.get("name")
-        text = raw.get("content")
-        parts.append(FramePart(text if isinstance(text, str) else text_of(text, f"messages[{index}]"),
-                               name if isinstance(name, str) else ""))  # fmt: skip
+        parts.append(FramePart(_content(raw, index), _name(raw, index) or ""))
     return tuple(parts)
+
+
+def _content(raw: Mapping[str, Any], index: int) -> str:
+    content = raw.get("content")
+    return content if isinstance(content, str) else text_of(content, f"messages[{index}]")
+
+
+def _name(raw: Mapping[str, Any], index: int) -> str | None:
+    name = raw.get("name")
+    if name is not None and not isinstance(name, str):
+        raise ChatError(f"messages[{index}]: name must be text")
+    return name or None
 
 
 def text_of(content: Any, where: str) -> str:
@@ -112,15 +121,15 @@ def chat_story(
     given = body.get("messages")
     if not isinstance(given, list) or not given:
         raise ChatError("messages: expected a non-empty list of chat messages")
-    frame: list[str] = []
+    frame = frame_of(body)
     messages: list[Message] = []
     kept = before.messages if before is not None else ()
     alike = common_length(given, sent_before) if before is not None else 0
     same = True  # the messages so far are `before`'s
-    for index, raw in enumerate(given):
+    for index, raw in enumerate(given[len(frame) :], len(frame)):
         if most is not None and len(messages) >= most:
             break
-        if index < alike and (messages or raw.get("role") not in FRAME_ROLES):  # sent as before: read before
+        if index < alike:  # sent as before: read before
             messages.append(kept[len(messages)])
             continue
         if not isinstance(raw, dict):
@@ -131,26 +140,19 @@ def chat_story(
                 f"messages[{index}]: role {raw.get('role')!r} cannot be assembled;"
                 " ctx serve takes system, user and assistant"
             )
-        content = raw.get("content")
-        if not isinstance(content, str):
-            content = text_of(content, f"messages[{index}]")
-        name = raw.get("name")
-        if name is not None and not isinstance(name, str):
-            raise ChatError(f"messages[{index}]: name must be text")
-        if role == "system" and not messages:
-            frame.append(FramePart(content, name or "").shown)
-            continue
+        content, name = _content(raw, index), _name(raw, index)
         n = len(messages)
         if same and n < len(kept):
             old = kept[n]
-            if old.content == content and old.role == role and old.name == (name or None):
+            if old.content == content and old.role == role and old.name == name:
                 messages.append(old)
                 continue
         same = False
-        messages.append(Message(n + 1, role, content, name or None))
+        messages.append(Message(n + 1, role, content, name))
     if not messages:
         raise ChatError("messages: only system messages; send the chat's messages too")
-    return Story(path=Path("chat"), messages=tuple(messages), system="\n\n".join(frame), source_format="openai")
+    system = "\n\n".join(part.shown for part in frame)
+    return Story(path=Path("chat"), messages=tuple(messages), system=system, source_format="openai")
 
 
 #: the uid of the lore entry that carries a frame's moving parts

@@ -139,7 +139,10 @@ class Service:
             self.backend.url, api_key_env=s.backend_key_env, timeout=s.timeout, connect_timeout=s.connect_timeout
         )
         self.summarize = s.summarize
-        self.store = Store(chats_folder())
+        summarize = settings.summarize
+        self.store = Store(
+            chats_folder(), options_of(summarize).cutting, (summarize.summary_words, summarize.history_words)
+        )
         self.sessions = Sessions()
         self.gate = Gate()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="ctx-serve")
@@ -261,19 +264,18 @@ class Service:
         """On the worker thread: the chat's session found (none for a probe), its story read
         against the last one, its scenes (the summaries, else provisional ones), its frame
         placed, and the turn assembled; then its summaries wished for."""
-        settings, serve = setup.settings, setup.settings.serve
+        serve = setup.settings.serve
         # "tail": a depth past any chat is placed at the tail's first message (`Variables.for_assembly`)
         depth = (TAIL if serve.frame_depth == "tail" else serve.frame_depth) if serve.stable_frame else None
         summarizer = setup.summarizer
         if turn.chat.probe:  # a connection test: answered as it is, remembered nowhere
-            story = framed(chat_story(turn.body), turn.frame, (), None)
-            return None, assemble_chat(story, setup.rungs, setup.count, window=window, max_tokens=turn.max_tokens)
+            probe = chat_story(turn.body)
+            return None, assemble_chat(probe, setup.rungs, setup.count, window=window, max_tokens=turn.max_tokens)
         session = self.sessions.find(turn.chat)
         story = chat_story(turn.body, session.story, sent_before=session.sent)
         session.sent, session.story = turn.body.get("messages"), story
-        s = settings.summarize
         writing = summarizer is not None and summarizer.writing(session)
-        told = self.store.story(session, story, options_of(s).cutting, (s.summary_words, s.history_words), hold=writing)
+        told = self.store.story(session, story, hold=writing)
         placed = framed(told, turn.frame, moving(session, turn.frame), depth)
         assembled = assemble_chat(
             placed, setup.rungs, setup.count, window=window, max_tokens=turn.max_tokens, session=session
@@ -517,9 +519,9 @@ class TooLarge(Exception):
         self.bound = bound
 
 
-Done = Callable[..., None]
+Done = Callable[..., None]  # a turn's end: done(usage, cancelled=False)
 #: the depth that places the frame's moving parts at the tail's first message, whatever the chat's length
-TAIL = 1 << 30  # a turn's end: done(usage, cancelled=False)
+TAIL = 1 << 30
 
 
 def moving(session: Session, frame: Sequence[FramePart]) -> frozenset[FramePart]:

@@ -46,8 +46,8 @@ class Session:
     # turn assembles with while the summarizer is still writing (one swap when it is done)
     judged: tuple[Sequence[Record], tuple[Message, ...], Judged] | None = None
     held: Sequence[Record] | None = None
-    scenes: tuple[tuple[Message, ...], tuple[Scene, ...]] | None = None  # the scenes a turn last used
-    scenes_of: Judged | None = None  # the verdict they were made from
+    # the scenes a turn last used: the messages and the verdict they were made for, and the scenes
+    scenes: tuple[tuple[Message, ...], Judged, tuple[Scene, ...]] | None = None
     # the summarizer's view of it
     wanted: Story | None = None  # the story to summarize, when there is time
     working: Any = None  # the `summaries.Work` under way

@@ -24,7 +24,7 @@ from ..story.sidecar import SUFFIX, Judged, Record, judge, read_sidecar
 from ..summarize import Cutting, pack
 from ..summarize.extract import history_extract, summary_extract
 from ..tokens import common_length
-from .session import Session
+from .session import MOST_SESSIONS, Session
 
 #: a provisional scene's `source` (`Scene.source`): ctx's extract, standing in for the model's
 PROVISIONAL = "provisional"
@@ -36,10 +36,12 @@ def chats_folder() -> Path:
 
 
 class Store:
-    """Each opening's sidecar, read again when it changed on disk (by its size and time)."""
+    """Each opening's sidecar, read again when it changed on disk (by its size and time), and a
+    chat's scenes, cut by `[summarize]`'s `cutting` and told in its summary's and history's
+    `words`."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path, cutting: Cutting, words: tuple[int, int]) -> None:
+        self.folder, self.cutting, self.words = folder, cutting, words
         # the file as last read, by its path: (size, mtime) and its records
         self._read: dict[Path, tuple[tuple[int, int], list[Record]]] = {}
         self._lock = threading.Lock()
@@ -61,33 +63,30 @@ class Store:
         records = read_sidecar(path)
         with self._lock:
             self._read[path] = (stamp, records)
-            while len(self._read) > 4 * 256:  # files of chats long gone
+            while len(self._read) > 4 * MOST_SESSIONS:  # files of chats long gone
                 del self._read[next(iter(self._read))]
         return records
 
-    def story(self, session: Session, story: Story, cutting: Cutting, words: tuple[int, int], *, hold: bool) -> Story:
+    def story(self, session: Session, story: Story, *, hold: bool) -> Story:
         """The chat with its scenes: the sidecar's records that still tell its messages, then
         provisional ones up to its settled end. `hold`: the summarizer is writing this chat's
         summaries, so the turn assembles with the records of the turn before (the model's
-        summaries come in at once when it is done, one change of the prompt, not one a scene).
-        `words`: the summary's and the history's words (`[summarize]`)."""
+        summaries come in at once when it is done, one change of the prompt, not one a scene)."""
         if hold and session.held is not None:
             records = session.held
         else:
             records = session.held = self.records(session.chat.pool)
         judged = self._judged(session, story, records)
         known = session.scenes
-        if known is not None and session.scenes_of is judged and not any(x.source == PROVISIONAL for x in known[1]):
-            # the same verdict and nothing of ctx's own: the same Scene objects, whose prices the walk knows
-            settled = len(story.messages) - cutting.settle
-            if (
-                not known[1]
-                or known[1][-1].end >= settled
-                or not pack(story.messages[known[1][-1].end : settled], cutting)
-            ):
-                return replace(story, scenes=known[1])
-        scenes = scenes_of(session, story, judged, cutting, words)
-        session.scenes_of = judged
+        if known is not None and known[1] is judged and not any(x.source == PROVISIONAL for x in known[2]):
+            # the same verdict and nothing of ctx's own: the same Scene objects, whose prices the walk
+            # knows, unless a scene's worth more has settled
+            covered = known[2][-1].end if known[2] else 0
+            settled = len(story.messages) - self.cutting.settle
+            if covered >= settled or not pack(story.messages[covered:settled], self.cutting):
+                return replace(story, scenes=known[2])
+        scenes = scenes_of(session, story, judged, self.cutting, self.words)
+        session.scenes = (story.messages, judged, scenes)
         return replace(story, scenes=scenes)
 
     @staticmethod
@@ -140,7 +139,6 @@ def scenes_of(
             kept.append((start, end, summary))
             history = history_extract(history, summary, history_words)
             scenes.append(_provisional(len(scenes) + 1, start, end, summary, history))
-    session.scenes = (story.messages, tuple(scenes))
     return tuple(scenes)
 
 
@@ -154,7 +152,7 @@ def _still_told(session: Session, story: Story, covered: int) -> list[tuple[int,
     over messages that are the same objects as then (sent alike)."""
     if session.scenes is None:
         return []
-    messages, scenes = session.scenes
+    messages, _, scenes = session.scenes
     same = common_length(story.messages, messages)
     kept: list[tuple[int, int, str]] = []
     for scene in scenes:

@@ -114,13 +114,6 @@ class Work:
     progress: Progress | None = None
 
     @property
-    def scenes_left(self) -> int:
-        if self.plan is None:
-            return 0
-        done = self.progress.done if self.progress else 0
-        return max(0, len(self.plan.spans) - done)
-
-    @property
     def requests_left(self) -> int:
         if self.plan is None:
             return 0
@@ -148,16 +141,12 @@ class Summarizer:
         self.settings = replace(s, url=backend.url, model=backend.model, jobs=1)
         self.backend = GatedBackend(backend, gate)
         self.count, self.store, self.gate, self.counting = count, store, gate, counting
-        self.queue: list[Session] = []  # the sessions that want summaries, oldest wish first
+        self.queue: list[Session] = []  # the sessions that want summaries; the newest wish is served first
         self._lock = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="ctx-serve-summaries", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
-
-    def join(self, seconds: float) -> None:
-        if self._thread.is_alive():
-            self._thread.join(seconds)
 
     def want(self, session: Session, story: Story) -> None:
         """The chat as its latest request has it: summarize what it lacks, when there is time.

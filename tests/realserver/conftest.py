@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from server import (  # noqa: F401 - the tests import these from here
@@ -35,6 +37,7 @@ from server import (  # noqa: F401 - the tests import these from here
 )
 
 from otaku_ctx.backend import Backend, Retry
+from otaku_ctx.serve.http import Service
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,22 @@ class Served:
         if self.process is not None:
             stop(self.process)
             self.process = None
+
+
+def forwarded(service: Service) -> list[dict[str, Any]]:
+    """The chat bodies `service` forwards to its backend, recorded as they go (the list fills)."""
+    sent: list[dict[str, Any]] = []
+    forward = service.upstream.send
+
+    @asynccontextmanager
+    async def recorded(method: str, path: str, body: Any = None) -> Any:
+        if path == "/chat/completions" and body is not None:
+            sent.append(dict(body))
+        async with forward(method, path, body) as answer:
+            yield answer
+
+    service.upstream.send = recorded  # type: ignore[method-assign]
+    return sent
 
 
 @pytest.fixture

@@ -17,13 +17,12 @@ import json
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from conftest import Served  # tests/realserver/conftest.py
+from conftest import Served, forwarded  # tests/realserver/conftest.py
 from server import built
 
 from otaku_ctx.config import ContextSettings, ModelSettings, ServeSettings, Settings, SummarizeSettings
@@ -90,17 +89,7 @@ def serving(own_server: Served, tmp_path: Path) -> Iterator[tuple[Running, list[
     tests/conftest.py); the bodies it forwarded, recorded, and written with the stats to the
     test's folder at the end (`--basetemp` keeps them, to study a run offline)."""
     service = Service(settings(own_server.url))
-    sent: list[dict[str, Any]] = []
-    forward = service.upstream.send
-
-    @asynccontextmanager
-    async def recorded(method: str, path: str, body: Any = None) -> Any:
-        if path == "/chat/completions" and body is not None:
-            sent.append(dict(body))
-        async with forward(method, path, body) as answer:
-            yield answer
-
-    service.upstream.send = recorded  # type: ignore[method-assign]
+    sent = forwarded(service)
     running = Running(service)
     try:
         yield running, sent

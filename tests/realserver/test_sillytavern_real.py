@@ -20,12 +20,12 @@ from __future__ import annotations
 import http.client
 import json
 from collections.abc import Iterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from conftest import forwarded  # tests/realserver/conftest.py
 from server import free_port, launch, stop
 
 from otaku_ctx.config import ServeSettings, Settings
@@ -43,7 +43,7 @@ def requests() -> list[dict[str, Any]]:
 
 @pytest.fixture(params=[4096, 2048], ids=["c4096", "c2048"])
 def played(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[int, Running, list[dict[str, Any]]]]:
-    """llama-server at the window asked for, one slot; serve in front of it with the defaults
+    """llama-server at the window asked for, two slots of it; serve in front of it with the defaults
     (its summaries in the test's otaku home); the bodies serve forwarded, recorded."""
     context: int = request.param
     log = tmp_path / "llama-server.log"
@@ -51,17 +51,7 @@ def played(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[int
     try:
         port = process.args[process.args.index("--port") + 1]  # type: ignore[union-attr]
         service = Service(Settings(serve=ServeSettings(backend=f"http://127.0.0.1:{port}/v1", port=0)))
-        sent: list[dict[str, Any]] = []
-        forward = service.upstream.send
-
-        @asynccontextmanager
-        async def recorded(method: str, path: str, body: Any = None) -> Any:
-            if path == "/chat/completions" and body is not None:
-                sent.append(dict(body))
-            async with forward(method, path, body) as answer:
-                yield answer
-
-        service.upstream.send = recorded  # type: ignore[method-assign]
+        sent = forwarded(service)
         running = Running(service)
         try:
             yield context, running, sent
