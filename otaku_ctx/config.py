@@ -261,6 +261,11 @@ class ServeSettings:
         "where the frame's moving parts go: \"tail\" (before the tail's first message) or N messages from the end",
         "placement",
     )
+    frame_sticky: int = setting(
+        16,
+        "stable_frame: messages a frame part the frontend stops sending (an entry that no longer fires) stays; 0: none",
+        "count",
+    )
     shutdown: float = setting(60.0, "on SIGTERM, seconds in-flight replies get to finish", "seconds")
 
 

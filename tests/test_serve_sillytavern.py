@@ -2,7 +2,7 @@
 captured on the wire), sent again through serve to the stand-in backend of test_serve: every
 request answered (the first contact, before any summary, included), one chat whatever its
 frame does, the Test Message a probe, no label of ctx's own in the chat, a group's members under
-their own names, the example dialogue's speakers kept, the frame's moving parts at a depth; and
+their own names, the example dialogue's speakers kept, the frame's entries as first sent; and
 the rules each of those rests on, called without a server."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from test_serve import StandIn, _get, chat, settings_for
 from otaku_ctx.config import ContextSettings, Settings
 from otaku_ctx.serve.assemble import Assembled, assemble_chat, ladder
 from otaku_ctx.serve.chats import FRAME_ENTRY, FramePart, chat_story, frame_of, framed, identify
-from otaku_ctx.serve.http import Running, Service, moving, serving
+from otaku_ctx.serve.frame import FrameMemory
+from otaku_ctx.serve.http import Running, Service, serving
 from otaku_ctx.serve.session import Session, Sessions
 from otaku_ctx.tokens import make_counter
 
@@ -76,16 +77,17 @@ def test_the_long_chat_is_played_from_its_first_request_as_one_chat(stand_in: St
         running.stop()
 
 
-def test_the_lorebook_entries_that_fire_go_at_a_depth_and_the_frame_start_holds(stand_in: StandIn) -> None:
+def test_the_lorebook_entries_are_sent_as_first_sent_and_the_frame_start_holds(stand_in: StandIn) -> None:
     running, _ = played(stand_in, "seraphina-long-chat.jsonl", 8192)
     try:
-        firsts = {json.dumps(b["messages"][0]) for b in live(stand_in)[3:15]}  # from request 4, the probe aside
-        assert len(firsts) == 1  # the system message every turn starts with is the same
-        seventh = live(stand_in)[6]["messages"]  # request 7: an entry ("What are your powers?") fired
-        lore = [i for i, m in enumerate(seventh) if m["role"] == "system" and "What are your powers?" in m["content"]]
-        assert lore and lore[0] > 1  # not in the frame: before the tail's first message
-        chat_start = next(i for i, m in enumerate(seventh) if m["role"] != "system")
-        assert lore[0] > chat_start  # after the head
+        requests = captured("seraphina-long-chat.jsonl")
+        lore = requests[0]["body"]["messages"][1]["content"]  # five entries, in the order they fired
+        assert requests[8]["body"]["messages"][1]["content"] != lore  # request 9: the same five, reordered
+        assert len(frame_of(requests[3]["body"])) == 3  # request 4: none fired
+        played_turns = [b for i, b in enumerate(live(stand_in)) if i != 15]  # the probe aside
+        firsts = {json.dumps(b["messages"][0]) for b in played_turns}
+        assert len(firsts) == 1  # the system message every turn starts with is the same, whatever fired
+        assert all(lore in b["messages"][0]["content"] for b in played_turns)  # as first sent, and stayed
     finally:
         running.stop()
 
@@ -116,16 +118,46 @@ def test_a_group_chat_is_one_chat_and_the_examples_keep_who_speaks(stand_in: Sta
 
 def test_the_parts_that_stay_are_those_every_turn_sent() -> None:
     main, lore_a, card, lore_b = (FramePart(t) for t in ("main", "lore a", "the card " * 20, "lore b"))
-    session = Session(identify(chat_story({"messages": chat(4)}), {}, {}, 2))
-    assert moving(session, (main, lore_a, card)) == frozenset()  # the first turn: all of it stays
-    assert moving(session, (main, card)) == frozenset()
-    assert moving(session, (main, lore_a, card)) == {lore_a}  # it came and went: it moves
-    assert moving(session, (main, lore_b, card)) == {lore_b}
+    memory = FrameMemory()
+    assert memory.moving((main, lore_a, card)) == frozenset()  # the first turn: all of it stays
+    assert memory.moving((main, card)) == frozenset()
+    assert memory.moving((main, lore_a, card)) == {lore_a}  # it came and went: it moves
+    assert memory.moving((main, lore_b, card)) == {lore_b}
     other = FramePart("another card " * 30)
-    assert moving(session, (main, other)) == frozenset()  # most of what stayed is gone: a new base
+    assert memory.moving((main, other)) == frozenset()  # most of what stayed is gone: a new base
     story = framed(chat_story({"messages": chat(4)}), (main, lore_a, card), {lore_a}, 4)
     assert story.system == "main\n\n" + card.text and [e.uid for e in story.world] == [FRAME_ENTRY]
     assert framed(story, (main, lore_a, card), {lore_a}, None).system.count("lore a") == 1
+
+
+def test_entries_reordered_or_stopped_are_sent_as_first_sent_for_a_while() -> None:
+    main, card = FramePart("Write the next reply."), FramePart("The card.\nShe heals.")
+    lore = FramePart("Entry one.\nEntry two.\nEntry three.")
+    memory = FrameMemory()
+    assert memory.frame((main, lore, card), 300, 16) == (main, lore, card)
+    reordered = FramePart("Entry three.\nEntry one.\nEntry two.")  # the same entries, fired in another order
+    assert memory.frame((main, reordered, card), 302, 16) == (main, lore, card)
+    fewer = FramePart("Entry two.")  # some of them: the whole, as first sent
+    assert memory.frame((main, fewer, card), 304, 16) == (main, lore, card)
+    assert memory.frame((main, card), 310, 16) == (main, lore, card)  # stopped firing: kept...
+    assert memory.frame((main, card), 318, 16) == (main, lore, card)  # 16 messages after it was last sent whole
+    assert memory.frame((main, card), 319, 16) == (main, card)  # ...and no longer
+    assert memory.frame((main, fewer, card), 320, 16) == (main, fewer, card)  # new again: as sent
+
+
+def test_a_frame_that_brings_something_new_is_taken_as_sent() -> None:
+    aqua = (FramePart("Write Aqua's next reply."), FramePart("Aqua's card."))
+    seraphina = (FramePart("Write Seraphina's next reply."), FramePart("Seraphina's card."))
+    memory = FrameMemory()
+    assert memory.frame(aqua, 10, 16) == aqua
+    assert memory.frame(seraphina, 11, 16) == seraphina  # a group member's turn: not both cards
+    assert memory.frame(aqua, 12, 16) == aqua
+    edited = FramePart("Write Aqua's next reply, briefly.")
+    assert memory.frame((edited, aqua[1]), 13, 16) == (edited, aqua[1])  # an edit: the old prompt forgotten
+    assert FrameMemory().frame(aqua[:1], 14, 0) == aqua[:1]
+    memory = FrameMemory()
+    memory.frame(aqua, 10, 0)
+    assert memory.frame(aqua[:1], 12, 0) == aqua[:1]  # sticky 0: what is not sent is gone
 
 
 def test_a_named_part_of_the_frame_keeps_its_name() -> None:
@@ -165,6 +197,22 @@ def test_a_small_window_takes_a_smaller_head_and_tail_and_keeps_it() -> None:
     assert small.messages[-1]["content"].startswith("Mara: Turn 300")
     refused = assembled(300, 300, None, frame=" ".join(f"rule{i}" for i in range(400)))
     assert refused.messages is None and refused.built.assembly.refusal is not None
+
+
+def test_past_the_ladder_the_newest_messages_keep_their_start_while_they_fit() -> None:
+    session = Session(identify(chat_story({"messages": chat(4)}), {}, {}, 2))
+    starts, moves = [], 0
+    for n in range(300, 340, 2):  # twenty turns, each two messages more
+        turn = assembled(n, 4000, session)
+        assert turn.truncated is not None and turn.messages is not None
+        starts.append(n - turn.truncated)  # the messages before the first one kept
+        if len(starts) == 1 or starts[-1] != starts[-2]:  # it moved: room left for the turns after
+            moves += 1
+            assert turn.tokens <= 0.75 * turn.built.assembly.limit
+        assert turn.messages[-1]["content"].startswith(f"Mara: Turn {n}")
+    assert starts == sorted(starts) and moves <= 7  # the same start for three turns or more, most of the time
+    # without the session's memory, the newest that fit: a start that moves every turn
+    assert len({n - assembled(n, 4000, None).truncated for n in range(300, 310, 2)}) == 5  # type: ignore[operator]
 
 
 def test_the_settings_rungs_halve_the_head_and_tail() -> None:

@@ -132,9 +132,9 @@ def assemble_chat(
         built = pipeline_for(rungs[rung], count, window, max_tokens).build(story, resume)
         if built.prompt is not None:
             if session is not None:
-                session.rung, session.walk = rung, built.assembly.walked
+                session.rung, session.walk, session.cut = rung, built.assembly.walked, 0
             return Assembled(built, json.loads(built.prompt), rung)
-    kept, fitted = newest_that_fit(story, last_resort, count, window, max_tokens)
+    kept, fitted = truncated(story, last_resort, count, window, max_tokens, session)
     if fitted.prompt is None:
         return Assembled(fitted, None, len(shaped) - 1)
     if session is not None:
@@ -142,26 +142,64 @@ def assemble_chat(
     return Assembled(fitted, json.loads(fitted.prompt), len(shaped), kept)
 
 
-def newest_that_fit(
-    story: Story, settings: Settings, count: TokenCounter, window: int, max_tokens: int | None
+#: when the newest messages that fit must start later than the turn before, the share of the limit
+#: they leave free, so that the turns after add to the same prefix instead of moving it each turn
+TRUNCATE_SLACK = 0.25
+
+
+def truncated(
+    story: Story, settings: Settings, count: TokenCounter, window: int, max_tokens: int | None, session: Session | None
 ) -> tuple[int, Built]:
-    """The most of the chat's newest messages that fit beside its frame (found by halving:
-    the newest k fit for every k below the most that do), and their build; (0, the refusal of
-    the newest one alone) when not even it fits."""
+    """The last resort, kept from turn to turn: the messages from where the session's last
+    truncation started while they fit; else the newest that fit within `TRUNCATE_SLACK` of the
+    limit (the newest that fit at all, when that is fewer: the newest message alone)."""
+    pipeline = pipeline_for(settings, count, window, max_tokens)
+    newest = len(story.messages)
+    if session is not None and 0 < session.cut <= newest:
+        kept = newest - session.cut + 1
+        built = _newest(pipeline, story, kept)
+        if built.prompt is not None:
+            return kept, built
+    limit = _newest(pipeline, story, 1).assembly.limit
+    kept, built = newest_that_fit(story, settings, count, window, max_tokens, most=int(limit * (1 - TRUNCATE_SLACK)))
+    if built.prompt is None or kept == 0:
+        kept, built = newest_that_fit(story, settings, count, window, max_tokens)
+    if session is not None:
+        session.cut = newest - kept + 1 if built.prompt is not None else 0
+    return kept, built
+
+
+def _newest(pipeline: Pipeline, story: Story, k: int) -> Built:
+    """The build of the story's newest `k` messages alone (renumbered from 1, no scenes)."""
+    renumbered = tuple(replace(m, number=i) for i, m in enumerate(story.messages[-k:], 1))
+    return pipeline.build(replace(story, messages=renumbered, scenes=()))
+
+
+def newest_that_fit(
+    story: Story,
+    settings: Settings,
+    count: TokenCounter,
+    window: int,
+    max_tokens: int | None,
+    *,
+    most: int | None = None,
+) -> tuple[int, Built]:
+    """The most of the chat's newest messages that fit beside its frame (within `most` tokens,
+    when given), found by halving: the newest k fit for every k below the most that do; (0, the
+    build of the newest one alone) when not even it fits."""
     pipeline = pipeline_for(settings, count, window, max_tokens)
 
-    def build(k: int) -> Built:
-        renumbered = tuple(replace(m, number=i) for i, m in enumerate(story.messages[-k:], 1))
-        return pipeline.build(replace(story, messages=renumbered, scenes=()))
+    def fits(built: Built) -> bool:
+        return built.prompt is not None and (most is None or built.assembly.tokens <= most)
 
-    best = build(1)
-    if best.prompt is None:
+    best = _newest(pipeline, story, 1)
+    if not fits(best):
         return 0, best
     low, high = 1, len(story.messages) + 1  # the newest `low` fit; `high` do not (or are more than there are)
     while high - low > 1:
         mid = (low + high) // 2
-        tried = build(mid)
-        if tried.prompt is not None:
+        tried = _newest(pipeline, story, mid)
+        if fits(tried):
             low, best = mid, tried
         else:
             high = mid

@@ -28,9 +28,10 @@ from aiohttp import web
 
 from ..backend import Backend, BackendError, NoTokenizer, Retry, TimedOut
 from ..build import counter_for, with_model
-from ..config import ModelSettings, Settings
+from ..config import ModelSettings, ServeSettings, Settings
 from ..errors import ConfigError, OtakuError
 from ..jsonload import JSONProblem, TooMany, loads
+from ..story.model import Story
 from ..summarize import options_of
 from ..tokens import TokenCounter
 from .assemble import Assembled, assemble_chat, ladder
@@ -264,9 +265,6 @@ class Service:
         """On the worker thread: the chat's session found (none for a probe), its story read
         against the last one, its scenes (the summaries, else provisional ones), its frame
         placed, and the turn assembled; then its summaries wished for."""
-        serve = setup.settings.serve
-        # "tail": a depth past any chat is placed at the tail's first message (`Variables.for_assembly`)
-        depth = (TAIL if serve.frame_depth == "tail" else serve.frame_depth) if serve.stable_frame else None
         summarizer = setup.summarizer
         if turn.chat.probe:  # a connection test: answered as it is, remembered nowhere
             probe = chat_story(turn.body)
@@ -276,10 +274,14 @@ class Service:
         session.sent, session.story = turn.body.get("messages"), story
         writing = summarizer is not None and summarizer.writing(session)
         told = self.store.story(session, story, hold=writing)
-        placed = framed(told, turn.frame, moving(session, turn.frame), depth)
-        assembled = assemble_chat(
-            placed, setup.rungs, setup.count, window=window, max_tokens=turn.max_tokens, session=session
-        )
+        sticky = setup.settings.serve.frame_sticky
+        for keep in (sticky, 0) if sticky else (0,):  # what stopped being sent goes first, if it must
+            placed = placed_frame(session, told, turn.frame, setup.settings.serve, keep)
+            assembled = assemble_chat(
+                placed, setup.rungs, setup.count, window=window, max_tokens=turn.max_tokens, session=session
+            )
+            if assembled.messages is not None:
+                break
         self.say_shape(session, assembled, setup)
         if summarizer is not None:
             summarizer.want(session, story)
@@ -524,17 +526,15 @@ Done = Callable[..., None]  # a turn's end: done(usage, cancelled=False)
 TAIL = 1 << 30
 
 
-def moving(session: Session, frame: Sequence[FramePart]) -> frozenset[FramePart]:
-    """The frame's parts that come and go: those not among the parts that stayed in every
-    turn since the chat's first (or since its frame last changed wholesale: when most of what
-    stayed is gone, a card switched or a group member's turn, what this turn sends is the new
-    base). The parts that stay go first, and the others where a change costs little."""
-    parts = frozenset(frame)
-    stable = session.stable
-    if stable is None or sum(len(p.text) for p in stable - parts) * 2 > sum(len(p.text) for p in stable):
-        stable = parts
-    session.stable = stable & parts
-    return parts - session.stable
+def placed_frame(session: Session, story: Story, sent: Sequence[FramePart], serve: ServeSettings, sticky: int) -> Story:
+    """The story with the frame this turn sends on (`frame.FrameMemory`: parts as first sent, those
+    that stopped `sticky` messages), the parts that stay first and the moving ones at
+    `frame_depth`; with `stable_frame` off, the frame as the frontend sent it."""
+    if not serve.stable_frame:
+        return story
+    frame = session.frame.frame(sent, len(story.messages), sticky)
+    depth = TAIL if serve.frame_depth == "tail" else serve.frame_depth
+    return framed(story, frame, session.frame.moving(frame), depth)
 
 
 def _tokens(body: Mapping[str, Any]) -> int | None:

@@ -1,6 +1,6 @@
 """Each chat's state, in one object (`Session`), and the one registry of them (`Sessions`).
 
-A chat's story as last read, its stable-policy walk, the frame parts known to stay, the shape
+A chat's story as last read, its stable-policy walk, its frame as remembered, the shape
 a small window made it take, its turns, and where its summaries stand all live on its session;
 the registry holds the one bound (`MOST_SESSIONS`, least recently used evicted whole) and the
 one lock. No other module of serve keeps a map keyed by chat.
@@ -17,7 +17,8 @@ from typing import Any
 from ..assemble import Walked
 from ..story.model import Message, Scene, Story
 from ..story.sidecar import Judged, Record
-from .chats import Chat, FramePart
+from .chats import Chat
+from .frame import FrameMemory
 from .stats import Turn
 
 #: the chats kept (each holds its story, some hundred bytes a message); the least recently used
@@ -36,10 +37,10 @@ class Session:
     # read against it, so the messages sent alike are the same objects)
     sent: Any = ()
     story: Story | None = None
-    # the frame's parts that stay from turn to turn (`frame_moves`); None before the first turn
-    stable: frozenset[FramePart] | None = None
+    frame: FrameMemory = field(default_factory=FrameMemory)  # its frame across turns
     walk: Walked | None = None  # the stable policy's walk at its last turn
     rung: int = 0  # how far down serve's small-window ladder it had to go (0: the settings as given)
+    cut: int = 0  # past the ladder: the number of the first message its last turn kept (0: none)
     said: str = ""  # what serve said, once, of the shape it chose for a small window
     turns: deque[Turn] = field(default_factory=lambda: deque(maxlen=MOST_TURNS))
     # its summaries: the records last judged (and the messages, and the verdict), the records a

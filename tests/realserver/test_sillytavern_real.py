@@ -133,6 +133,7 @@ def _post(
             chunk = json.loads(line[5:])
             pieces.extend(c["delta"].get("content") or "" for c in chunk.get("choices", ()))
             if stop_after is not None and events >= stop_after:
+                answer.close()  # the socket itself: closing the connection alone leaves the response's open
                 break
         return 200, "".join(pieces)
     finally:
