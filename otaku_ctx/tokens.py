@@ -13,7 +13,7 @@ import importlib.util
 import re
 import sys
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from itertools import accumulate
 from pathlib import Path
@@ -119,6 +119,18 @@ class TokenCounter:
             cached = self._count(text)
             self._cache.keep(text, cached)
         return cached  # type: ignore[return-value]
+
+    def chat(self, messages: Sequence[Mapping[str, Any]]) -> int | None:
+        """The tokens of a chat of `messages` as the model is given it (its chat template
+        applied), where this counter knows the template (a server that applies it on
+        request); None when it does not, and a chat is counted by a rule instead."""
+        return None
+
+    @property
+    def chat_overhead(self) -> tuple[int, int] | None:
+        """What the model's chat template adds: tokens a message, and tokens a prompt (the
+        reply's priming); None when this counter does not know (`chat`)."""
+        return None
 
     def context(self, text: str) -> str:
         """The end of `text` that decides how a text right after it is counted: the count of

@@ -97,6 +97,23 @@ class Llama(Dialect):
         return {"tokens": tokens}
 
 
+def chatml(messages: list[dict[str, Any]]) -> str:
+    """The stand-in's chat template: ChatML, and the reply's priming after a user's turn."""
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return text + ("<|im_start|>assistant\n" if messages[-1]["role"] != "assistant" else "")
+
+
+class TemplatingLlama(Llama):
+    """llama.cpp that applies its chat template on request (`POST /apply-template`)."""
+
+    window = 16384
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        if path == "/apply-template":
+            return {"prompt": chatml(body["messages"])}
+        return super().post(path, body)
+
+
 class RoomyLlama(Llama):
     """llama.cpp with a window the examples fit in."""
 
@@ -689,3 +706,44 @@ def test_a_named_server_that_is_down_says_how_to_count_without_it(capsys: pytest
     line = err.strip()
     assert "\n" not in line and "ctx counts with the model server you named" in line
     assert "--tokenizer cl100k_base" in line
+
+
+# a chat counted as the model is given it ------------------------------------------------------
+
+
+def test_a_chat_is_counted_as_the_server_templates_it(serve: Any, tmp_path: Path) -> None:
+    server = serve(TemplatingLlama())
+    counter = server_counter(backend(server), tmp_path)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Mara: is the lamp lit?"}]
+    expected = 1 + toy_count(chatml(chat))  # its BOS, then the templated prompt
+    assert counter.chat(chat) == expected
+    asked = server.seen["/apply-template"]
+    assert counter.chat([dict(m) for m in chat]) == expected and server.seen["/apply-template"] == asked  # kept
+    per, priming = counter.chat_overhead or (0, 0)
+    assert per == toy_count("<|im_start|>user\n<|im_end|>\n") and priming >= toy_count("<|im_start|>assistant\n")
+
+
+def test_a_server_without_a_template_endpoint_counts_by_the_rule(serve: Any, tmp_path: Path) -> None:
+    server = serve(Llama())
+    counter = server_counter(backend(server), tmp_path)
+    assert counter.chat([{"role": "user", "content": "Hi"}]) is None
+    assert counter.chat([{"role": "user", "content": "Hello"}]) is None
+    assert server.seen["/apply-template"] == 1 and counter.chat_overhead is None  # asked once
+
+
+def test_a_built_chat_is_exactly_what_the_server_counts(serve: Any, tmp_path: Path) -> None:
+    from otaku_ctx.build import Pipeline
+    from otaku_ctx.config import ContextSettings, ModelSettings, Settings
+    from otaku_ctx.story.model import Message, Story
+
+    server = serve(TemplatingLlama())
+    counter = server_counter(backend(server), tmp_path)
+    lines = [Message(i, "user" if i % 2 else "assistant", f"Line {i}: the lamp burns low tonight. " * 3)
+             for i in range(1, 11)]  # fmt: skip
+    story = Story(path=Path("chat"), messages=tuple(lines), system="You are the keeper.", source_format="openai")
+    settings = Settings(model=ModelSettings(window=1200), context=ContextSettings(reserve_default=100))
+    built = Pipeline(settings, emit="messages", count=counter).build(story)
+    assert built.prompt is not None
+    sent = json.loads(built.prompt)
+    assert built.assembly.tokens == counter.chat(sent) == 1 + toy_count(chatml(sent)) <= 1100
+    assert built.assembly.tokens > sum(toy_count(m["content"]) + 4 for m in sent) + 3  # more than OpenAI's rule says

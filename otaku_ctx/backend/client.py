@@ -121,6 +121,7 @@ class Backend:
         )
         self._window: int | None = None
         self._tokenizes: bool | None = None
+        self._templates: bool | None = None  # whether the server applies its chat template on request
         self._server: tuple[ServerKind, Server] | None = None
         self._models: tuple[str, ...] | None = None
         # the requests sent, by what they ask ("chat", "tokenize", "probe"): a test or a benchmark
@@ -217,6 +218,26 @@ class Backend:
         if answer.status in (404, 405, 501):
             raise NoTokenizer(url, f"{kind.name} answers {answer.status} to its tokenize endpoint")
         return kind.counted(self._json(answer, path, asked_format=False), text, url)
+
+    def chat_count(self, messages: list[dict[str, Any]]) -> int | None:
+        """The tokens a chat completion of `messages` gives the model: the prompt the server's
+        chat template makes of them, counted with what the server adds to a whole prompt.
+        None when the server has no template endpoint (asked once; llama.cpp has one), so the
+        caller counts by a rule instead."""
+        kind, server = self._detected()
+        asked = kind.template_request(self.root, messages) if self._templates is not False else None
+        if asked is None:
+            return None
+        path, request = asked
+        answer = self._send("apply-template", "POST", path, json.dumps(request, ensure_ascii=False).encode("utf-8"))
+        if answer.status in (404, 405, 501):
+            self._templates = False
+            return None
+        prompt = kind.templated(self._json(answer, path, asked_format=False))
+        if prompt is None:
+            raise BadReply(self.transport.url(path), f"no prompt in {kind.name}'s template reply")
+        self._templates = True
+        return self.count(prompt, add_special=True)
 
     def tokenize(self, text: str) -> list[int] | None:
         """The model's own tokens for `text` (llama.cpp's `POST /tokenize`, special tokens read as

@@ -9,7 +9,9 @@ What ctx needs of a tokenize endpoint is the same everywhere: the number of toke
 makes of a text when it parses the special tokens spelled in it (as it does a prompt) and adds
 no BOS, and what it adds to a whole prompt. Each kind offers it its own way:
 
-- llama.cpp: `POST /tokenize` `{"content", "add_special", "parse_special": true}` → `tokens`.
+- llama.cpp: `POST /tokenize` `{"content", "add_special", "parse_special": true}` → `tokens`;
+  and `POST /apply-template` `{"messages"}` → `prompt`, the chat as its template gives it to
+  the model, so a chat's count is the prompt's own (`Backend.chat_count`).
 - KoboldCpp: `POST /api/extra/tokencount` `{"prompt", "special"}` → `value`; its `special` is
   whether to add BOS, and it always parses special tokens. It answers `value` 0 for a text of
   50,000 tokens or more (its guard), which is refused here, never taken for a count.
@@ -121,6 +123,16 @@ class ServerKind(ABC):
             raise BadReply(url, f"no token count in {self.name}'s tokenize reply")
         return found
 
+    def template_request(self, root: str, messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
+        """The path and JSON body that ask for the prompt the server's chat template makes of
+        `messages` (what a chat completion of them is given to the model as); None when this
+        kind has no such endpoint."""
+        return None
+
+    def templated(self, data: dict[str, Any]) -> str | None:
+        """The prompt in a template answer, or None when the answer holds none."""
+        return None
+
     def chat_path(self, base: str) -> str:
         """Where a chat completion is asked (`POST`, the OpenAI API's body)."""
         return f"{base}/chat/completions"
@@ -185,6 +197,15 @@ class LlamaCpp(ServerKind):
 
     def tokens_counted(self, data: dict[str, Any]) -> int | None:
         return _ids(data.get("tokens"))
+
+    def template_request(self, root: str, messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
+        """`POST /apply-template` `{"messages"}` → `prompt`: the model's chat template (or the
+        server's `--chat-template`) applied as a chat completion applies it."""
+        return f"{root}/apply-template", {"messages": messages}
+
+    def templated(self, data: dict[str, Any]) -> str | None:
+        prompt = data.get("prompt")
+        return prompt if isinstance(prompt, str) else None
 
 
 class KoboldCpp(ServerKind):

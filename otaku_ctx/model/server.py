@@ -10,9 +10,11 @@ a server that does not answer, or has no tokenize endpoint, is a one-line error.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Literal
 
 from ..backend import Backend
 from ..backend.servers import LLAMA_CPP
@@ -23,6 +25,16 @@ from .counts import CountStore, meta_key, text_key
 PROBE = "Hello"
 #: requests in flight at once when many new texts are counted together (`count_many`)
 JOBS = 4
+#: the chats whose templated count is kept (a turn confirms a few candidates)
+MOST_CHATS = 256
+#: the chat whose templated count, against its first two messages', tells what a message costs
+#: beyond its content (`ServerCounter.chat_overhead`)
+CALIBRATION = (
+    {"role": "system", "content": "You are Seraphina, the guardian of the glade."},
+    {"role": "user", "content": "Hello there. Where am I?"},
+    {"role": "assistant", "content": '*She smiles softly.* "You are safe here."'},
+    {"role": "user", "content": "Thank you."},
+)
 
 
 class ServerCounter(TokenCounter):
@@ -36,6 +48,8 @@ class ServerCounter(TokenCounter):
         super().__init__(
             name, self._one, specials=specials, bos=bos if added else "", added=added, parses_specials=True
         )
+        self._chats: dict[str, int] | Literal[False] = {}  # False: the server applies no template on request
+        self._overhead: tuple[int, int] | Literal[False] | None = None
 
     def _what_it_adds(self) -> int:
         key = meta_key("added")
@@ -52,6 +66,39 @@ class ServerCounter(TokenCounter):
             found = self.backend.count(text)
             self.store.add({key: found})
         return found
+
+    def chat(self, messages: Sequence[Mapping[str, Any]]) -> int | None:
+        """The chat as the server's template gives it to the model, counted by the server
+        (`Backend.chat_count`: llama.cpp's `/apply-template`); None where it cannot say. Each
+        distinct chat is asked once while it is recent (a turn's candidates are confirmed by
+        it)."""
+        if self._chats is False:
+            return None
+        key = json.dumps(messages, ensure_ascii=False, sort_keys=True)
+        found = self._chats.get(key)
+        if found is None:
+            asked = self.backend.chat_count([dict(m) for m in messages])
+            if asked is None:
+                self._chats = False
+                return None
+            found = self._chats[key] = asked
+            while len(self._chats) > MOST_CHATS:
+                del self._chats[next(iter(self._chats))]
+        return found
+
+    @property
+    def chat_overhead(self) -> tuple[int, int] | None:
+        """Measured once on a chat of four messages and its first two (`CALIBRATION`): a
+        message's tokens beyond its content's, and the prompt's beyond its messages'."""
+        if self._overhead is None:
+            two, four = self.chat(CALIBRATION[:2]), self.chat(CALIBRATION)
+            if two is None or four is None:
+                self._overhead = False
+            else:
+                contents = [self(m["content"]) for m in CALIBRATION]
+                per = max(0, -(-(four - two - contents[2] - contents[3]) // 2))
+                self._overhead = (per, max(0, two - contents[0] - contents[1] - 2 * per))
+        return self._overhead or None
 
     def count_many(self, texts: Iterable[str]) -> list[int]:
         """The counts of many texts; those the cache lacks are asked `JOBS` at a time (each

@@ -130,13 +130,19 @@ class TemplatePricer:
         return self.renderer.pieces(blocks)
 
     def piece_cost(self, piece: str) -> int:
-        overhead = MESSAGE_OVERHEAD if self.renderer.chat_counted else 0
+        overhead = self.chat_overhead[0] if self.renderer.chat_counted else 0
         return self.count.bound(piece) + overhead
 
     def cost(self, blocks: Sequence[Block]) -> int:
         """Tokens of the emitted prompt for these blocks, as the sum of its pieces."""
-        priming = REPLY_PRIMING if self.renderer.chat_counted else self.count.added
+        priming = self.chat_overhead[1] if self.renderer.chat_counted else self.count.added
         return sum(self.piece_cost(p) for p in self.pieces(blocks)) + priming
+
+    @property
+    def chat_overhead(self) -> tuple[int, int]:
+        """A chat message's tokens beyond its content, and a chat prompt's beyond its messages:
+        the model's template's where the counter knows it, else OpenAI's rule."""
+        return self.count.chat_overhead or (MESSAGE_OVERHEAD, REPLY_PRIMING)
 
     def region(self, pieces: list[str], start: int, end: int) -> int:
         """Tokens of pieces[start:end] where they stand. In a text prompt, a piece is counted
@@ -257,10 +263,16 @@ class TemplatePricer:
         return self._rendered[1]
 
     def tokens(self, blocks: Sequence[Block]) -> int:
-        """The count of the emitted prompt: the flat text, or chat messages by OpenAI's rule."""
-        if self.renderer.chat_counted:
-            contents = [m["content"] for m in self.renderer.messages(blocks)]
-            return sum(self.count(c) + MESSAGE_OVERHEAD for c in contents) + REPLY_PRIMING
+        """The count of the emitted prompt: chat messages as the model's server templates them
+        (where it says), else by OpenAI's rule (no model known) or as the format's text; a text
+        prompt, as it is."""
+        if not self.renderer.text_form:
+            messages = self.renderer.messages(blocks)
+            exact = self.count.chat(messages)  # the model's own template, where the server applies it
+            if exact is not None:
+                return exact
+            if self.renderer.chat_counted:
+                return sum(self.count(m["content"]) + MESSAGE_OVERHEAD for m in messages) + REPLY_PRIMING
         return self.count(self.renderer.text(blocks)) + self.count.added
 
 

@@ -137,6 +137,7 @@ def test_a_long_chat_played_through_serve(serving: tuple[Running, list[dict[str,
     turns = mine["turns"][-TURNS:]
     for t in mine["turns"]:
         assert t["prompt_tokens"] + REPLY <= WINDOW, t  # the backend's own count
+        assert t["sent"] == t["prompt_tokens"], t  # ctx's count is the server's, its chat template included
         assert t["sent"] <= t["limit"] == WINDOW - REPLY
         assert t["case"] in (3, 4, 5)
     shares = [t["cached"] / t["prompt_tokens"] for t in turns]
