@@ -266,6 +266,13 @@ class ServeSettings:
         "stable_frame: messages a frame part the frontend stops sending (an entry that no longer fires) stays; 0: none",
         "count",
     )
+    depth_hold: int = setting(
+        2,
+        "a system message inside the chat sent N messages from the end (an Author's Note) stays where it was"
+        " until it is N x depth_hold from the end; 1: where sent",
+        "count",
+        least=1,
+    )
     shutdown: float = setting(60.0, "on SIGTERM, seconds in-flight replies get to finish", "seconds")
 
 

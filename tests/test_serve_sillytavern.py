@@ -22,6 +22,7 @@ from otaku_ctx.serve.chats import FRAME_ENTRY, FramePart, chat_story, frame_of, 
 from otaku_ctx.serve.frame import FrameMemory
 from otaku_ctx.serve.http import Running, Service, serving
 from otaku_ctx.serve.session import Session, Sessions
+from otaku_ctx.story.model import Story
 from otaku_ctx.tokens import make_counter
 
 stand_in = test_serve.stand_in  # the stand-in backend, as test_serve's tests have it
@@ -158,6 +159,39 @@ def test_a_frame_that_brings_something_new_is_taken_as_sent() -> None:
     memory = FrameMemory()
     memory.frame(aqua, 10, 0)
     assert memory.frame(aqua[:1], 12, 0) == aqua[:1]  # sticky 0: what is not sent is gone
+
+
+def noted(n: int, depth: int) -> dict[str, Any]:
+    """A chat of `n` messages with an Author's Note `depth` messages from the end, as SillyTavern
+    injects it."""
+    messages = chat(n)
+    messages.insert(len(messages) - depth, {"role": "system", "content": "[Style: brief.]"})
+    return {"messages": messages}
+
+
+def note_at(story: Story) -> int:
+    """How many of the chat's other messages come after the note."""
+    at = next(i for i, m in enumerate(story.messages) if m.role == "system")
+    return sum(m.role != "system" for m in story.messages[at:])
+
+
+def test_an_author_s_note_stays_where_it_was_until_twice_its_depth() -> None:
+    memory = FrameMemory()
+    depths = [note_at(memory.held(chat_story(noted(n, 4)), 2, 20)) for n in range(40, 52, 2)]
+    assert depths == [4, 6, 8, 4, 6, 8]  # held for two turns, then where SillyTavern put it
+    again = memory.held(chat_story(noted(50, 4)), 2, 20)
+    assert [m.number for m in again.messages] == list(range(1, len(again.messages) + 1))
+    assert [m.content for m in again.messages if m.role != "system"] == [
+        m["content"] for m in noted(50, 4)["messages"] if m["role"] != "system"
+    ]  # the chat's own messages in their order: only the note moved
+    assert note_at(FrameMemory().held(chat_story(noted(40, 4)), 1, 20)) == 4  # depth_hold 1: as sent
+    memory = FrameMemory()
+    memory.held(chat_story(noted(40, 4)), 3, 8)
+    assert note_at(memory.held(chat_story(noted(46, 4)), 3, 8)) == 4  # not past `settle`: 10 > 7
+    last = FrameMemory()  # post-history instructions, at the very end: never held back
+    for n in (40, 42):
+        ending = {"messages": [*chat(n), {"role": "system", "content": "[Reply briefly.]"}]}
+        assert last.held(chat_story(ending), 2, 20).messages[-1].content == "[Reply briefly.]"
 
 
 def test_a_named_part_of_the_frame_keeps_its_name() -> None:

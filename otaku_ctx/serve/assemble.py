@@ -122,36 +122,48 @@ def assemble_chat(
     session: Session | None = None,
 ) -> Assembled:
     """The chat assembled for the backend's `window` less the reply (cases 1-6), as chat
-    messages, on the first rung of `rungs` (`ladder`) from the session's own that fits; the
-    session's walk goes on from turn to turn. With no rung that fits, the newest messages that
-    fit (`newest_that_fit`); with none, the refusal of the newest message alone (case 6)."""
+    messages, on the session's rung of `rungs` (`ladder`) while it fits, its walk going on from
+    turn to turn; when it does not, on the first rung below it that fits and leaves `ROOM` of
+    the limit free, so the turns after keep its prefix (a rung that barely fits would be left
+    again at the next turn, each move rewriting all after the frame; a chat's first turn, with
+    no prefix to keep, takes the first that fits). With no such rung, the
+    newest messages that fit (`truncated`), kept as the session's shape: a rung above is taken
+    again only when it fits with that room. With none, the refusal of the newest message
+    alone (case 6)."""
     *shaped, last_resort = rungs
-    first = session.rung if session is not None else 0
-    for rung in range(min(first, len(shaped) - 1), len(shaped)):
-        resume = session.walk if session is not None and rung == session.rung else None
+    at = session.rung if session is not None else 0  # len(shaped): the last resort
+    for rung in range(min(at, len(shaped) - 1), len(shaped)):
+        resume = session.walk if session is not None and rung == at else None
         built = pipeline_for(rungs[rung], count, window, max_tokens).build(story, resume)
-        if built.prompt is not None:
-            if session is not None:
-                session.rung, session.walk, session.cut = rung, built.assembly.walked, 0
-            return Assembled(built, json.loads(built.prompt), rung)
+        if built.prompt is None or (session is not None and session.turns and rung != at and not roomy(built)):
+            continue  # a move, once the chat was played on its rung: only to a shape with room
+        if session is not None:
+            session.rung, session.walk, session.cut = rung, built.assembly.walked, 0
+        return Assembled(built, json.loads(built.prompt), rung)
     kept, fitted = truncated(story, last_resort, count, window, max_tokens, session)
     if fitted.prompt is None:
         return Assembled(fitted, None, len(shaped) - 1)
     if session is not None:
-        session.rung, session.walk = len(shaped) - 1, None
+        session.rung, session.walk = len(shaped), None
     return Assembled(fitted, json.loads(fitted.prompt), len(shaped), kept)
 
 
-#: when the newest messages that fit must start later than the turn before, the share of the limit
-#: they leave free, so that the turns after add to the same prefix instead of moving it each turn
-TRUNCATE_SLACK = 0.25
+#: the share of the limit a shape serve moves to must leave free (a lower rung, the newest
+#: messages from a later start), so that the turns after add to the same prefix instead of
+#: moving it each turn
+ROOM = 0.25
+
+
+def roomy(built: Built) -> bool:
+    """Whether the prompt leaves `ROOM` of its limit free."""
+    return built.assembly.tokens <= (1 - ROOM) * built.assembly.limit
 
 
 def truncated(
     story: Story, settings: Settings, count: TokenCounter, window: int, max_tokens: int | None, session: Session | None
 ) -> tuple[int, Built]:
     """The last resort, kept from turn to turn: the messages from where the session's last
-    truncation started while they fit; else the newest that fit within `TRUNCATE_SLACK` of the
+    truncation started while they fit; else the newest that fit leaving `ROOM` of the
     limit (the newest that fit at all, when that is fewer: the newest message alone)."""
     pipeline = pipeline_for(settings, count, window, max_tokens)
     newest = len(story.messages)
@@ -161,7 +173,7 @@ def truncated(
         if built.prompt is not None:
             return kept, built
     limit = _newest(pipeline, story, 1).assembly.limit
-    kept, built = newest_that_fit(story, settings, count, window, max_tokens, most=int(limit * (1 - TRUNCATE_SLACK)))
+    kept, built = newest_that_fit(story, settings, count, window, max_tokens, most=int(limit * (1 - ROOM)))
     if built.prompt is None or kept == 0:
         kept, built = newest_that_fit(story, settings, count, window, max_tokens)
     if session is not None:

@@ -23,8 +23,9 @@ where a change costs little (`chats.framed`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from ..story.model import Story
 from .chats import FramePart
 
 
@@ -51,6 +52,9 @@ class FrameMemory:
 
     kept: list[Kept] = field(default_factory=list)
     stable: frozenset[FramePart] | None = None
+    # where each system message inside the chat was placed last turn: after this many of the
+    # chat's other messages (`held`)
+    anchors: dict[str, int] = field(default_factory=dict)
 
     def matching(self, part: FramePart, length: int, sticky: int) -> Kept | None:
         """The kept part this one is: the same lines, or some of them while the whole was sent
@@ -92,3 +96,34 @@ class FrameMemory:
             stable = parts
         self.stable = stable & parts
         return parts - self.stable
+
+    def held(self, story: Story, hold: int, settle: int) -> Story:
+        """The story with each system message inside its chat (an Author's Note or an entry
+        SillyTavern injects N messages from the end) where it was placed last turn, while that
+        is no more than `hold` × N messages from the end (and within the newest `settle`, which
+        no scene holds): it then moves every `hold` turns or so, not every turn, and each move
+        costs the backend's cache the messages after it. `hold` 1: each where it was sent."""
+        messages = story.messages
+        if hold <= 1 or not any(m.role == "system" for m in messages):
+            self.anchors = {}
+            return story
+        talk = sum(m.role != "system" for m in messages)
+        # each message's place: (the chat's other messages up to it, 0 or 1, its order as sent)
+        keys: list[tuple[int, int, int]] = []
+        anchors: dict[str, int] = {}
+        before = 0
+        for order, message in enumerate(messages):
+            if message.role != "system":
+                before += 1
+                keys.append((before, 0, order))  # the chat's k-th message
+                continue
+            depth, at = talk - before, self.anchors.get(message.content)
+            held = at is not None and depth >= 1 and at <= before and talk - at <= min(hold * depth, settle - 1)
+            anchors[message.content] = after = at if held and at is not None else before
+            keys.append((after, 1, order))  # right after the chat's `after`-th message
+        self.anchors = anchors
+        ordered = [messages[order] for *_, order in sorted(keys)]
+        if all(a is b for a, b in zip(ordered, messages, strict=True)):
+            return story
+        renumbered = tuple(m if m.number == n else replace(m, number=n) for n, m in enumerate(ordered, 1))
+        return replace(story, messages=renumbered)

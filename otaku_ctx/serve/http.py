@@ -276,7 +276,7 @@ class Service:
         told = self.store.story(session, story, hold=writing)
         sticky = setup.settings.serve.frame_sticky
         for keep in (sticky, 0) if sticky else (0,):  # what stopped being sent goes first, if it must
-            placed = placed_frame(session, told, turn.frame, setup.settings.serve, keep)
+            placed = placed_frame(session, told, turn.frame, setup.settings.serve, keep, self.store.cutting.settle)
             assembled = assemble_chat(
                 placed, setup.rungs, setup.count, window=window, max_tokens=turn.max_tokens, session=session
             )
@@ -526,12 +526,16 @@ Done = Callable[..., None]  # a turn's end: done(usage, cancelled=False)
 TAIL = 1 << 30
 
 
-def placed_frame(session: Session, story: Story, sent: Sequence[FramePart], serve: ServeSettings, sticky: int) -> Story:
+def placed_frame(
+    session: Session, story: Story, sent: Sequence[FramePart], serve: ServeSettings, sticky: int, settle: int
+) -> Story:
     """The story with the frame this turn sends on (`frame.FrameMemory`: parts as first sent, those
     that stopped `sticky` messages), the parts that stay first and the moving ones at
-    `frame_depth`; with `stable_frame` off, the frame as the frontend sent it."""
+    `frame_depth`, and the system messages inside the chat held where they were (`depth_hold`);
+    with `stable_frame` off, all as the frontend sent it."""
     if not serve.stable_frame:
         return story
+    story = session.frame.held(story, serve.depth_hold, settle)
     frame = session.frame.frame(sent, len(story.messages), sticky)
     depth = TAIL if serve.frame_depth == "tail" else serve.frame_depth
     return framed(story, frame, session.frame.moving(frame), depth)

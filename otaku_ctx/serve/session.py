@@ -39,7 +39,9 @@ class Session:
     story: Story | None = None
     frame: FrameMemory = field(default_factory=FrameMemory)  # its frame across turns
     walk: Walked | None = None  # the stable policy's walk at its last turn
-    rung: int = 0  # how far down serve's small-window ladder it had to go (0: the settings as given)
+    rung: int = (
+        0  # how far down serve's small-window ladder it went (0: the settings as given; past its last: truncating)
+    )
     cut: int = 0  # past the ladder: the number of the first message its last turn kept (0: none)
     said: str = ""  # what serve said, once, of the shape it chose for a small window
     turns: deque[Turn] = field(default_factory=lambda: deque(maxlen=MOST_TURNS))

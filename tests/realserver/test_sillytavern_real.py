@@ -87,6 +87,8 @@ def test_sillytavern_plays_through_serve(played: tuple[int, Running, list[dict[s
     [chat] = chats
     turns = chat["turns"]
     assert len(turns) == 16 and sum(t["cancelled"] for t in turns) == 1
+    for t in turns:  # ctx's count is the server's own, the model's chat template included
+        assert t["prompt_tokens"] is None or t["sent"] == t["prompt_tokens"] <= t["limit"], t
     if context != 4096:
         return
     played_turns = [t for t in turns]  # request 16 is the probe: turns are requests 1-15 and 17
