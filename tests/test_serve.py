@@ -535,7 +535,10 @@ def test_a_backend_that_stops_mid_stream_ends_the_stream_with_an_error(serving: 
             pass
 
 
-def test_a_client_that_goes_away_cancels_the_backend_request(serving: Running, stand_in: StandIn) -> None:
+def test_a_client_that_goes_away_cancels_the_backend_request(
+    serving: Running, stand_in: StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="otaku_ctx.serve")
     stand_in.mode = "hang"
     host, port = serving.url.split("//")[1].split("/")[0].split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=5)
@@ -543,8 +546,16 @@ def test_a_client_that_goes_away_cancels_the_backend_request(serving: Running, s
     connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
     response = connection.getresponse()
     assert response.status == 200 and response.read1(100).startswith(b"data: ")
+    response.close()
     connection.close()
     assert stand_in.gone.wait(4), "the backend's stream went on after the client left"
+    deadline = time.monotonic() + 4
+    while not (turns := [t for c in json.loads(_get(serving, "/ctx/stats"))["chats"] for t in c["turns"]]):
+        assert time.monotonic() < deadline, "the stopped turn is not in /ctx/stats"
+        time.sleep(0.05)
+    [stopped] = turns  # SillyTavern's Stop: a turn all the same, marked, with what was sent
+    assert stopped["cancelled"] is True and stopped["sent"] > 0 and stopped["prompt_tokens"] is None
+    assert any("stopped by the client" in r.getMessage() for r in caplog.records)  # and one line of the log
 
 
 def test_an_oversized_body_is_a_413(stand_in: StandIn) -> None:
