@@ -35,6 +35,11 @@ changed, the walk's prices kept for those objects, and the body decoded by orjso
 (2026-12-02, 25 turns, this machine shared): median 29.1 ms, p90 43.3 ms (54.9 ms before the
 read against the last request; 65.7 ms before orjson). In-process the turn's parts were: the
 body decoded 4 ms, read into its story 1 ms, its summaries 0.6 ms, assembled and counted 16 ms.
+On an idle machine (load 0.2, 2026-12-04), 20 turns, three rounds interleaved with the commit
+before issue 34's frame memory and exact chat counts (a58b5bd): median of the rounds' medians
+25.9 ms (24.0 / 29.4 / 25.9) against 28.1 ms (25.0 / 28.1 / 30.9): the same within this machine's
+drift, and inside issue 34's 50 ms. The stand-in has no `/apply-template`: asked once, then
+counted as before.
 Against the real llama-server (tests/realserver/test_serve_real.py, a 400-message chat), ctx's
 own time a turn was 18.5 ms median beside the server's 1,401 ms of prompt evaluation: 1.3 %.
 A frontend that drops the oldest messages rewrites the prompt right after its frame on every
