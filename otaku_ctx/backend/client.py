@@ -78,6 +78,10 @@ def _integer(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+#: a window past any model's: a server that says more is broken or lying, and is not believed
+MOST_WINDOW = 10**8
+
+
 class Backend:
     """One model on one server. `url` is the OpenAI-compatible base (`http://127.0.0.1:8080/v1`);
     `api_key_env` is the NAME of the environment variable holding the key (none: no key sent).
@@ -174,6 +178,12 @@ class Backend:
                 if found:
                     self._window = found
                     break
+        if self._window is not None and self._window > MOST_WINDOW:
+            raise BadReply(
+                self.transport.url(self.root),
+                f"it says its window is {self._window:,} tokens, past any model's ({MOST_WINDOW:,})",
+                "check the server's context setting, or set [model] window and count with a tokenizer of your own",
+            )
         return self._window
 
     def models(self) -> tuple[str, ...] | None:

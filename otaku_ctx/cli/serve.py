@@ -53,4 +53,4 @@ def serve_cmd(
     settings = settings_from(config, overrides)
     from ..serve.http import Service, serve_forever
 
-    serve_forever(Service(settings), terminal().say)
+    serve_forever(Service(settings), terminal().say, debug=debug)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from io import TextIOWrapper
 from typing import IO, Any, BinaryIO
 
+from ..errors import visible
+
 
 @dataclass
 class Terminal:
@@ -57,21 +59,6 @@ class Terminal:
             self.stderr.flush()
         except (OSError, ValueError):
             pass
-
-
-# Every character that can steer a terminal rather than be read on it: the C0 controls (ESC
-# starts the sequences that set a window's title or clear the screen), DEL, the C1 controls
-# (U+009B is a one-character ESC [), the line and paragraph separators and the bidirectional
-# marks, embeddings, overrides and isolates (which reorder what is shown).
-_STEERING = [*range(0x20), *range(0x7F, 0xA0), 0x061C, 0x200E, 0x200F, *range(0x2028, 0x202F), *range(0x2066, 0x206A)]
-_SHOWN = {code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" for code in _STEERING}
-
-
-def visible(text: str) -> str:
-    """`text` from outside ctx (a server's words, a file's name, a story's) as it may be printed
-    on a terminal: each character that steers one instead of being read is shown as its escape
-    (`\\x1b`, `\\x0a` for a line break, `\\u202e`), so that it is seen and does nothing."""
-    return text.translate(_SHOWN)
 
 
 _terminal: ContextVar[Terminal] = ContextVar("terminal")

@@ -36,6 +36,7 @@ from ..summarize import options_of
 from ..tokens import TokenCounter
 from .assemble import Assembled, assemble_chat, ladder
 from .chats import Chat, ChatError, FramePart, chat_story, frame_of, framed, identify
+from .logs import log_to_stderr
 from .session import Session, Sessions
 from .stats import StreamUsage, Turn, Usage
 from .store import Store, chats_folder
@@ -75,10 +76,55 @@ def client_key(settings: Settings) -> str:
     return ""
 
 
+#: a stream's headers: `X-Accel-Buffering: no` keeps a proxy in front (nginx) from holding it back,
+#: as llama.cpp's server says
+STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+#: what a JSON reply says it is, as llama.cpp's server and OpenAI's say it
+JSON_TYPE = "application/json; charset=utf-8"
+
+#: each status's error code, where the reply names none of its own (OpenAI's and llama.cpp's
+#: error objects always carry one)
+CODES = {400: "invalid_request", 401: "invalid_api_key", 404: "not_found", 413: "request_too_large",
+         500: "server_error", 502: "backend_failed", 503: "unavailable", 504: "backend_timeout"}  # fmt: skip
+
+
+#: how deep a field serve passes on may nest (a JSON schema of tools is some ten levels deep)
+MOST_NESTING = 100
+
+
+def nested_past(value: Any, most: int) -> bool:
+    """Whether `value` nests lists and objects more than `most` levels deep (walked without
+    recursion: a decoder lets some thousand levels through, the encoder of the request sent on
+    does not)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth + 1 > most:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def content_type(answer: Any) -> str:
+    """The backend's Content-Type as it sent it (`; charset=utf-8` kept), where it is a plain
+    header of a sane length; else JSON's."""
+    given = answer.headers.get("Content-Type", "")
+    return given if given and len(given) <= 200 and given.isascii() and given.isprintable() else JSON_TYPE
+
+
+def error_body(message: str, kind: str, code: str, param: str | None = None) -> dict[str, Any]:
+    """An OpenAI-style error object: `message`, `type`, `param`, `code`."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
 def error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> web.Response:
     """An OpenAI-style error reply."""
-    body = {"error": {"message": message, "type": kind, "code": code}}
-    return web.json_response(body, status=status)
+    body = error_body(message, kind, code or CODES.get(status, "error"))
+    return web.Response(text=json.dumps(body, ensure_ascii=False), status=status, content_type="application/json",
+                        charset="utf-8")  # fmt: skip
 
 
 def backend_failed(failure: BackendError) -> web.Response:
@@ -236,6 +282,9 @@ class Service:
     def parse(self, body: dict[str, Any], headers: Mapping[str, str]) -> Request:
         """Every check of a chat request, before any state changes: its messages are a chat ctx
         can assemble, its reply's reserve, which chat it is."""
+        for key, value in body.items():  # what is passed on as it came is encoded again: bounded first
+            if key != "messages" and nested_past(value, MOST_NESTING):
+                raise ChatError(f"{key}: nested more than {MOST_NESTING} levels deep; no chat request is")
         opening = max(2, self.settings.serve.chat_messages)  # two at least: one is a probe
         chat = identify(chat_story(body, most=opening), body, headers, self.settings.serve.chat_messages)
         return Request(body, chat, frame_of(body), _tokens(body))
@@ -353,37 +402,43 @@ class Service:
             except JSONProblem:  # passed on as it came; only its usage is not known
                 pass
             done(usage)
-        return web.Response(body=data, status=answer.status, content_type=answer.content_type or "application/json")
+        return web.Response(body=data, status=answer.status, headers={"Content-Type": content_type(answer)})
 
     async def stream(self, request: web.Request, path: str, body: Mapping[str, Any], done: Done) -> web.StreamResponse:
         """The backend's reply, each chunk passed on as it arrives. A frontend that goes away
         ends the request to the backend (the handler is cancelled, the connection closed)."""
-        from .upstream import Upstream
+        from .upstream import Events, Upstream
 
         upstream: Upstream = self.upstream
         async with upstream.send("POST", path, body) as answer:
             if answer.status != 200 or answer.content_type != "text/event-stream":
                 data = await self.upstream.body(answer)
-                return web.Response(body=data, status=answer.status, content_type=answer.content_type or None)
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+                return web.Response(body=data, status=answer.status, headers={"Content-Type": content_type(answer)})
+            response = web.StreamResponse(headers=STREAM_HEADERS)
             await response.prepare(request)
-            usage = StreamUsage()
+            usage, events = StreamUsage(), Events(str(answer.url))
             told = False
             try:
                 async for chunk in upstream.chunks(answer):
-                    usage.feed(chunk)
+                    whole = events.feed(chunk)  # only whole events go on: never half a line
+                    if not whole:
+                        continue
+                    usage.feed(whole)
                     if usage.finished and not told:  # before the client has it, and may hang up
                         done(usage)
                         told = True
-                    await response.write(chunk)
+                    await response.write(whole)
+                events.end()
             except (asyncio.CancelledError, ConnectionResetError):  # the client went away: SillyTavern's Stop
                 if not told:
                     done(usage, True)
                 raise
             except BackendError as failure:  # too late for a status: the stream says it, and ends
                 log.warning("the backend failed mid-stream: %s", failure)
-                said = {"error": {"message": f"ctx serve: the backend failed: {failure}", "type": "backend_error"}}
+                said = error_body(f"ctx serve: the backend failed: {failure}", "backend_error", "backend_failed")
                 await response.write(f"data: {json.dumps(said)}\n\n".encode())
+                if not told:
+                    done(usage)
             else:
                 if not told:
                     done(usage)
@@ -402,7 +457,7 @@ class Service:
     async def models(self, request: web.Request) -> web.Response:
         async with self.upstream.send("GET", "/models") as answer:
             data = await self.upstream.body(answer)
-        return web.Response(body=data, status=answer.status, content_type=answer.content_type or "application/json")
+        return web.Response(body=data, status=answer.status, headers={"Content-Type": content_type(answer)})
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -572,9 +627,10 @@ async def run(service: Service, stop: asyncio.Event, ready: Callable[[str], None
         await runner.cleanup()
 
 
-def serve_forever(service: Service, say: Callable[[str], None]) -> None:
-    """`ctx serve`: run until SIGTERM or Ctrl-C; the replies in flight then finish first."""
-    logging.basicConfig(level=logging.INFO, format="ctx serve: %(message)s")
+def serve_forever(service: Service, say: Callable[[str], None], *, debug: bool = False) -> None:
+    """`ctx serve`: run until SIGTERM or Ctrl-C; the replies in flight then finish first. Its log
+    on stderr (`logs.log_to_stderr`): one visible line a record, a traceback only with `debug`."""
+    log_to_stderr(debug)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -8,6 +8,7 @@ Failures are the backend's own typed errors (`backend.failures`), one line each.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -96,11 +97,74 @@ class Upstream:
             raise Unreachable(url, f"the connection failed ({one_line(str(error)) or type(error).__name__})") from None
 
     async def chunks(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-        """The response's body as it arrives; a server that stops mid-reply raises `Unreachable`."""
+        """The response's body as it arrives (decompressed), bounded as a whole body is
+        (`transport.LIMIT`: a gzip bomb is a `BadReply` at 64 MiB, not a stream without end); a
+        server that stops mid-reply raises `Unreachable`, one silent for `timeout` `TimedOut`.
+
+        Each read is given up after `POLL` seconds and asked again: aiohttp closes a connection
+        whose chunked encoding breaks mid-body but leaves the read waiting for good (3.14); asked
+        again, the read says the connection is closed."""
+        size, silent = 0, 0.0
         try:
-            async for chunk in response.content.iter_any():
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(response.content.readany(), POLL)
+                except TimeoutError:
+                    silent += POLL
+                    if silent >= self.seconds:
+                        raise TimedOut(str(response.url), f"no more of the reply within {self.seconds:g} s") from None
+                    continue
+                if not chunk:
+                    return
+                silent = 0.0
+                size += len(chunk)
+                if size > LIMIT:
+                    raise too_large(str(response.url))
                 yield chunk
-        except (TimeoutError, aiohttp.ServerTimeoutError):
+        except BackendError:
+            raise
+        except aiohttp.ServerTimeoutError:
             raise TimedOut(str(response.url), f"no more of the reply within {self.seconds:g} s") from None
-        except aiohttp.ClientError as error:
+        except Exception as error:  # a connection reset, aiohttp's parser's own (a broken chunk), a closed one
             raise Unreachable(str(response.url), f"the reply was cut off ({type(error).__name__})") from None
+
+
+#: how often a read of a streamed reply looks again whether its connection is still there
+POLL = 1.0
+
+
+#: the longest server-sent event serve holds while it waits for the event's end (a reply's chunk
+#: is some hundred bytes; llama.cpp's last, with its timings, a few thousand)
+EVENT_LIMIT = 1 << 20
+
+
+class Events:
+    """A stream of server-sent events cut at the events' ends, so that only whole events are
+    passed on: a backend that stops mid-event leaves no half line for serve's own `error` event
+    to be glued onto. Linear in the bytes fed; an event past `most` bytes with no end is a
+    `BadReply` (`url`), not a buffer without end."""
+
+    def __init__(self, url: str, most: int = EVENT_LIMIT) -> None:
+        self.url, self.most = url, most
+        self._held = bytearray()
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The whole events that `chunk` completes (b"" while none), holding the rest."""
+        start = max(0, len(self._held) - 3)  # an end may straddle the chunks
+        self._held += chunk
+        lf, crlf = self._held.rfind(b"\n\n", start), self._held.rfind(b"\r\n\r\n", start)
+        end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+        if not end:
+            if len(self._held) > self.most:
+                raise BadReply(self.url, f"a server-sent event of over {self.most:,} bytes with no end")
+            return b""
+        whole = bytes(self._held[:end])
+        del self._held[:end]
+        return whole
+
+    def end(self) -> None:
+        """The stream's end: an event still held (the backend stopped in the middle of one) is a
+        `BadReply`; blank lines are nothing."""
+        held, self._held = bytes(self._held), bytearray()
+        if held.strip():
+            raise BadReply(self.url, "the reply stopped in the middle of a server-sent event")

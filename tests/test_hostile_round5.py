@@ -1,0 +1,289 @@
+"""Hostile round 5 (issue 35): `ctx serve`'s own surface, against a backend that misbehaves on
+cue — a loopback stand-in that writes raw bytes (a real server will not break its chunked
+encoding when asked) — and clients that do. Every stream ends, with an `error` event the
+OpenAI client reads as an APIError; what is held is bounded; a window past any model's is not
+believed; what reaches the log is visible and one line; the small points of llama.cpp's
+server's surface (charset, X-Accel-Buffering, error `param` and `code`) are kept."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import io
+import json
+import logging
+import socket
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler
+
+import openai
+import pytest
+from loopback import QuietServer
+from test_serve import chat, settings_for
+
+from otaku_ctx.serve import upstream
+from otaku_ctx.serve.http import Running, Service
+from otaku_ctx.serve.logs import Hush, Visible
+
+Scenario = Callable[[BaseHTTPRequestHandler], None]
+
+
+class RawBackend(QuietServer):
+    """llama.cpp's `/props` (its `window`), and a chat completion answered by `scenario`, which
+    writes what it likes on the socket."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Raw)
+        self.window = 8192
+        self.scenario: Scenario = lambda handler: None
+
+
+class _Raw(BaseHTTPRequestHandler):
+    server: RawBackend
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        body = json.dumps({"default_generation_settings": {"n_ctx": self.server.window}}).encode()
+        if self.path != "/props":
+            body = b'{"error": {"message": "no such endpoint"}}'
+        self.send_response(200 if self.path == "/props" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.scenario(self)
+
+
+def event(text: str) -> bytes:
+    return b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]}).encode() + b"\n\n"
+
+
+def stream_head(handler: BaseHTTPRequestHandler, *extra: tuple[str, str]) -> None:
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    for name, value in extra:
+        handler.send_header(name, value)
+    handler.end_headers()
+
+
+@pytest.fixture
+def raw() -> Iterator[RawBackend]:
+    backend = RawBackend().start()
+    yield backend
+    backend.stop()
+
+
+@pytest.fixture
+def serving(raw: RawBackend) -> Iterator[Running]:
+    running = Running(Service(settings_for(raw.url, timeout=30.0)))
+    yield running
+    running.stop()
+
+
+def streamed(running: Running) -> str:
+    client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=20)
+    pieces = client.chat.completions.create(model="m", messages=chat(3), stream=True)
+    return "".join(c.choices[0].delta.content or "" for c in pieces if c.choices)
+
+
+# -- #5, #6: every stream ends, with an error the client reads as one ----------------------------
+
+
+def test_a_backend_that_breaks_its_chunked_encoding_ends_the_client_s_stream(raw: RawBackend, serving: Running) -> None:
+    def broken(handler: BaseHTTPRequestHandler) -> None:
+        stream_head(handler, ("Transfer-Encoding", "chunked"))
+        first = event("Hello")
+        handler.wfile.write(b"%x\r\n%s\r\n" % (len(first), first))
+        handler.wfile.flush()
+        time.sleep(0.3)  # the good chunk read first, then the broken one
+        handler.wfile.write(b"zz; not a chunk size\r\n")  # and the connection stays open
+        handler.wfile.flush()
+        time.sleep(8)
+
+    raw.scenario = broken
+    started = time.monotonic()
+    with pytest.raises(openai.APIError, match="the backend failed"):
+        streamed(serving)
+    assert time.monotonic() - started < 5
+
+
+def test_a_backend_that_stops_mid_line_is_an_api_error_not_a_decode_error(raw: RawBackend, serving: Running) -> None:
+    def cut(handler: BaseHTTPRequestHandler) -> None:
+        stream_head(handler, ("Connection", "close"))
+        handler.wfile.write(event("Hello") + b'data: {"choices": [{"index": 0, "del')
+        handler.wfile.flush()
+        handler.close_connection = True
+
+    raw.scenario = cut
+    with pytest.raises(openai.APIError, match="the backend failed"):
+        streamed(serving)
+
+
+# -- #9: what serve holds of a stream is bounded -------------------------------------------------
+
+
+def test_an_event_with_no_end_is_an_error_past_its_bound(raw: RawBackend, serving: Running) -> None:
+    def endless(handler: BaseHTTPRequestHandler) -> None:
+        stream_head(handler, ("Connection", "close"))
+        handler.wfile.write(b"data: ")
+        for _ in range(40):  # 40 MiB of one line
+            handler.wfile.write(b"x" * (1 << 20))
+
+    raw.scenario = endless
+    started = time.monotonic()
+    with pytest.raises(openai.APIError, match="with no end"):
+        streamed(serving)
+    assert time.monotonic() - started < 10
+
+
+def test_a_compressed_stream_is_bounded_as_a_body_is(
+    raw: RawBackend, serving: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(upstream, "LIMIT", 1 << 20)
+    packed = io.BytesIO()
+    with gzip.GzipFile(fileobj=packed, mode="wb") as bomb:
+        for _ in range(2000):  # 32 MiB of small events, some 100 KiB packed
+            bomb.write(event("0" * 16) * 400)
+
+    def gzipped(handler: BaseHTTPRequestHandler) -> None:
+        stream_head(handler, ("Content-Encoding", "gzip"), ("Content-Length", str(len(packed.getvalue()))))
+        handler.wfile.write(packed.getvalue())
+
+    raw.scenario = gzipped
+    host, port = serving.url.split("//")[1].split("/")[0].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=20)
+    connection.request("POST", "/v1/chat/completions", json.dumps({"model": "m", "messages": chat(3), "stream": True}),
+                       {"Content-Type": "application/json"})  # fmt: skip
+    answer = connection.getresponse()
+    passed = answer.read()
+    connection.close()
+    assert len(passed) < 2 << 20 and b"a reply of over" in passed[-1000:]  # cut at the bound, said
+
+
+# -- #16: a window past any model's ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("window", [10**12, 2**63])
+def test_a_window_past_any_model_s_is_the_server_s_error(raw: RawBackend, serving: Running, window: int) -> None:
+    raw.window = window
+    client = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=20)
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(model="m", messages=chat(3))
+    assert refused.value.status_code == 502 and "past any model's" in refused.value.body["message"]  # type: ignore[index]
+
+
+# -- the small points of llama.cpp's server's surface -------------------------------------------
+
+
+def test_replies_keep_the_backend_s_charset_and_streams_are_not_buffered(raw: RawBackend, serving: Running) -> None:
+    def whole(handler: BaseHTTPRequestHandler) -> None:
+        body = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}}]}).encode()
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json; charset=utf-8")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    raw.scenario = whole
+    client = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=20)
+    answer = client.chat.completions.with_raw_response.create(model="m", messages=chat(3))
+    assert answer.headers["Content-Type"] == "application/json; charset=utf-8"
+
+    def streaming(handler: BaseHTTPRequestHandler) -> None:
+        stream_head(handler, ("Connection", "close"))
+        handler.wfile.write(event("Hi") + b"data: [DONE]\n\n")
+
+    raw.scenario = streaming
+    streams = client.chat.completions.with_raw_response.create(model="m", messages=chat(3), stream=True)
+    assert streams.headers["X-Accel-Buffering"] == "no"
+
+
+def test_an_error_object_has_a_param_and_a_code(serving: Running) -> None:
+    client = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=20)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="m", messages=[])
+    said = bad.value.body
+    assert isinstance(said, dict) and "param" in said and said["code"] == "invalid_request"
+
+
+# -- #13, #15: what reaches the log -------------------------------------------------------------
+
+
+def logged(records: list[logging.LogRecord], debug: bool = False) -> str:
+    formatter, hush = Visible(debug), Hush()
+    return "\n".join(formatter.format(r) for r in records if hush.filter(r))
+
+
+def test_what_a_backend_says_reaches_the_log_visible(
+    raw: RawBackend, serving: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    def failing(handler: BaseHTTPRequestHandler) -> None:
+        body = json.dumps({"error": {"message": "model crashed \x1b]0;owned\x07\x1b[2J"}}).encode()
+        handler.send_response(500, "Internal \x1b[31mError")
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    raw.scenario = failing
+    caplog.set_level(logging.INFO)
+    client = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=20)
+    with pytest.raises(openai.APIStatusError):
+        client.chat.completions.create(model="m", messages=chat(3))
+    text = logged(caplog.records)
+    assert "the backend failed" in text and "\\x1b" in text
+    assert "\x1b" not in text and "\x07" not in text
+
+
+def test_malformed_requests_leave_a_few_lines_and_no_traceback(
+    serving: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    host, port = serving.url.split("//")[1].split("/")[0].split(":")
+    for n in range(200):
+        with socket.create_connection((host, int(port)), timeout=5) as raw_socket:
+            raw_socket.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: nope%d\r\n\r\n" % n)
+            raw_socket.recv(1000)
+    faults = [r for r in caplog.records if r.exc_info]
+    assert len(faults) >= 200  # aiohttp logs each, with its traceback
+    text = logged(caplog.records)
+    assert "Traceback" not in text and len(text.splitlines()) <= 2 * 5 + 2  # hushed past five of a kind
+
+
+@pytest.mark.parametrize("depth", [900, 1000, 5000])
+def test_json_nested_deep_in_a_passed_through_field_is_a_400(serving: Running, depth: int) -> None:
+    deep = "[" * depth + "1" + "]" * depth  # past what any frontend sends, short of what a decoder refuses
+    body = f'{{"model": "m", "messages": {json.dumps(chat(3))}, "logit_bias": {deep}}}'
+    host, port = serving.url.split("//")[1].split("/")[0].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=20)
+    connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    answer = connection.getresponse()
+    said = json.loads(answer.read())
+    connection.close()
+    assert answer.status == 400 and "nested" in said["error"]["message"], said
+
+
+def test_the_log_hushes_a_flood_and_says_how_many_it_left_out() -> None:
+    now = [0.0]
+    hush = Hush(most=3, window=60, clock=lambda: now[0])
+    record = logging.LogRecord("otaku_ctx.serve", logging.WARNING, "", 0, "bad request from %s", ("x",), None)
+    passed = [hush.filter(record) for _ in range(100)]
+    assert passed.count(True) == 3
+    now[0] = 61.0
+    again = logging.LogRecord("otaku_ctx.serve", logging.WARNING, "", 0, "bad request from %s", ("y",), None)
+    assert hush.filter(again) and "97 more like it left out" in again.getMessage()
+    try:
+        raise ValueError("line one\nline two \x1b[2J")
+    except ValueError:
+        import sys
+
+        failed = logging.LogRecord("aiohttp.server", logging.ERROR, "", 0, "Error handling request", (), sys.exc_info())
+    assert Visible().format(failed) == "ctx serve: Error handling request (ValueError: line one)"
+    assert "Traceback" in Visible(debug=True).format(failed) and "\x1b" not in Visible(debug=True).format(failed)
