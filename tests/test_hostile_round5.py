@@ -16,6 +16,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 
 import openai
 import pytest
@@ -287,3 +288,132 @@ def test_the_log_hushes_a_flood_and_says_how_many_it_left_out() -> None:
         failed = logging.LogRecord("aiohttp.server", logging.ERROR, "", 0, "Error handling request", (), sys.exc_info())
     assert Visible().format(failed) == "ctx serve: Error handling request (ValueError: line one)"
     assert "Traceback" in Visible(debug=True).format(failed) and "\x1b" not in Visible(debug=True).format(failed)
+
+
+# -- #8: connections are bounded before any key is checked --------------------------------------
+
+
+def address(running: Running) -> tuple[str, int]:
+    host, port = running.url.split("//")[1].split("/")[0].split(":")
+    return host, int(port)
+
+
+def closed_within(connection: socket.socket, seconds: float) -> bool:
+    """Whether the server closes `connection` within `seconds` (it reads the end)."""
+    connection.settimeout(seconds)
+    try:
+        while connection.recv(1000):
+            pass
+        return True
+    except TimeoutError:
+        return False
+
+
+@pytest.fixture
+def quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    from otaku_ctx.serve import http as served
+
+    monkeypatch.setattr(served, "KEEPALIVE", 0.5)
+    monkeypatch.setattr(served, "BODY_SECONDS", 0.5)
+    monkeypatch.setattr(served, "MOST_CONNECTIONS", 10)
+
+
+@pytest.mark.usefixtures("quick")
+def test_idle_and_trickling_connections_are_closed(raw: RawBackend) -> None:
+    running = Running(Service(settings_for(raw.url, shutdown=1.0)))
+    try:
+        idle = socket.create_connection(address(running))
+        trickling = socket.create_connection(address(running))
+        trickling.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # its headers never end
+        assert closed_within(idle, 3) and closed_within(trickling, 3)
+        slow = socket.create_connection(address(running))
+        slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        slow.settimeout(3)
+        said = slow.recv(4000)
+        assert said.startswith(b"HTTP/1.1 408") and b"did not arrive within" in said  # its body never ends
+    finally:
+        running.stop()
+
+
+@pytest.mark.usefixtures("quick")
+def test_past_the_bound_the_oldest_connections_go_and_a_client_is_answered(raw: RawBackend) -> None:
+    running = Running(Service(settings_for(raw.url)))
+    try:
+        held = [socket.create_connection(address(running)) for _ in range(10)]
+        time.sleep(0.1)
+        host, port = address(running)
+        connection = http.client.HTTPConnection(host, port, timeout=5)
+        connection.request("GET", "/health")
+        assert connection.getresponse().status == 200  # the eleventh: answered
+        assert closed_within(held[0], 0.3)  # the oldest made room
+    finally:
+        running.stop()
+
+
+def test_sigterm_with_a_stalled_stream_takes_shutdown_at_most(raw: RawBackend) -> None:
+    def stalled(handler: BaseHTTPRequestHandler) -> None:
+        stream_head(handler)
+        handler.wfile.write(event("Hello"))
+        handler.wfile.flush()
+        time.sleep(20)
+
+    raw.scenario = stalled
+    running = Running(Service(settings_for(raw.url, shutdown=2.0, timeout=60.0)))
+    host, port = address(running)
+    connection = http.client.HTTPConnection(host, port, timeout=30)
+    connection.request("POST", "/v1/chat/completions", json.dumps({"model": "m", "messages": chat(3), "stream": True}),
+                       {"Content-Type": "application/json"})  # fmt: skip
+    assert connection.getresponse().status == 200
+    started = time.monotonic()
+    running.stop()
+    assert time.monotonic() - started < 2.0 + 1.0
+    connection.close()
+
+
+def test_a_flood_of_idle_connections_at_1024_files_shuts_out_no_client(raw: RawBackend, tmp_path: Path) -> None:
+    """The issue's figure: `ctx serve` under `ulimit -n 1024`, 1,100 idle connections opened at
+    it; a well-behaved client is still answered, and its log holds no traceback."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2400:
+        pytest.skip(f"this process may open {hard} files; the flood needs 1,100 beside the server's")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2400), hard))
+    (tmp_path / "config.toml").write_text(f'[serve]\nbackend = "{raw.url}"\nport = 0\nsummarize = false\n')
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    env = {**os.environ, "OTAKU_HOME": str(tmp_path)}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "otaku_ctx", "serve", "--config", str(tmp_path / "config.toml")],
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, preexec_fn=limited,
+    )  # fmt: skip
+    flood: list[socket.socket] = []
+    try:
+        line = server.stderr.readline() if server.stderr else ""  # "listening on http://127.0.0.1:PORT/v1"
+        port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+        for _ in range(1100):
+            try:
+                flood.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+            except OSError:
+                break
+        answered = False
+        deadline = time.monotonic() + 15
+        while not answered and time.monotonic() < deadline:
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=3)
+                connection.request("GET", "/health")
+                answered = connection.getresponse().status == 200
+            except OSError:
+                time.sleep(0.2)
+        assert answered and len(flood) >= 1000
+    finally:
+        for each in flood:
+            each.close()
+        server.terminate()
+        _, err = server.communicate(timeout=30)
+    assert "Traceback" not in err, err[-2000:]

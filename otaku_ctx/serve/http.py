@@ -84,8 +84,9 @@ JSON_TYPE = "application/json; charset=utf-8"
 
 #: each status's error code, where the reply names none of its own (OpenAI's and llama.cpp's
 #: error objects always carry one)
-CODES = {400: "invalid_request", 401: "invalid_api_key", 404: "not_found", 413: "request_too_large",
-         500: "server_error", 502: "backend_failed", 503: "unavailable", 504: "backend_timeout"}  # fmt: skip
+CODES = {400: "invalid_request", 401: "invalid_api_key", 404: "not_found", 408: "request_timeout",
+         413: "request_too_large", 500: "server_error", 502: "backend_failed", 503: "unavailable",
+         504: "backend_timeout"}  # fmt: skip
 
 
 #: how deep a field serve passes on may nest (a JSON schema of tools is some ten levels deep)
@@ -266,9 +267,11 @@ class Service:
         if request.content_length is not None and request.content_length > bound:
             raise TooLarge(bound)
         try:
-            data = await request.read()
+            data = await asyncio.wait_for(request.read(), BODY_SECONDS)
         except web.HTTPRequestEntityTooLarge:
             raise TooLarge(bound) from None
+        except TimeoutError:
+            raise SlowBody() from None
         try:  # orjson when there (a 10,000-message chat: 4 ms, not 15), guarded: nesting, items, numbers
             body = loads(data)
         except TooMany as why:
@@ -545,6 +548,8 @@ class Service:
             return await handler(request)
         except TooLarge as why:
             return error(413, f"ctx serve: the request body is over {why.bound:,} bytes ([serve] max_body)")
+        except SlowBody:
+            return error(408, f"ctx serve: the request body did not arrive within {BODY_SECONDS:g} s")
         except ChatError as why:
             return error(400, f"ctx serve: {why}")
         except BackendError as failure:
@@ -568,6 +573,10 @@ CORS_PREFLIGHT = {
     "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Api-Key, X-Ctx-Chat",
     "Access-Control-Max-Age": "600",
 }
+
+
+class SlowBody(Exception):
+    """A request body that did not arrive within `BODY_SECONDS`."""
 
 
 class TooLarge(Exception):
@@ -614,17 +623,59 @@ async def run(service: Service, stop: asyncio.Event, ready: Callable[[str], None
     """Serve until `stop` is set, then stop taking connections, let the replies in flight finish
     (at most `[serve] shutdown` seconds) and return."""
     s = service.settings.serve
-    runner = web.AppRunner(service.app(), access_log=None, handler_cancellation=True, shutdown_timeout=s.shutdown)
+    # aiohttp waits its shutdown timeout for the replies in flight, then as long again for them to
+    # end once cancelled: half each, so that SIGTERM takes `shutdown` seconds at most
+    runner = web.AppRunner(
+        service.app(), access_log=None, handler_cancellation=True, shutdown_timeout=s.shutdown / 2,
+        keepalive_timeout=KEEPALIVE,
+    )  # fmt: skip
     await runner.setup()
+    listening: asyncio.Server | None = None
     try:
-        site = web.TCPSite(runner, s.host, s.port)
-        await site.start()
-        host, port = runner.addresses[0][:2]
+        assert runner.server is not None
+        loop = asyncio.get_running_loop()
+        listening = await loop.create_server(
+            Capped(runner.server, MOST_CONNECTIONS), s.host, s.port, reuse_address=True
+        )
+        host, port = listening.sockets[0].getsockname()[:2]
         shown = f"[{host}]" if ":" in str(host) else str(host)
         ready(f"http://{shown}:{port}/v1")
         await stop.wait()
     finally:
+        if listening is not None:
+            listening.close()
         await runner.cleanup()
+
+
+#: seconds a connection may sit idle, before its first request or between two (llama.cpp's
+#: server: 5); a client that trickles its headers is idle until they end
+KEEPALIVE = 5.0
+#: seconds a request's body may take to arrive, once its headers have
+BODY_SECONDS = 30.0
+#: open connections at once; past it, the oldest idle ones are closed (waiting for a request, or
+#: trickling its headers), so a flood of idle or slow connections never shuts out a client that
+#: asks and goes, and the process stays well below the 1,024 files it may have open. A connection
+#: in a request is never cut: its body has `BODY_SECONDS`, its reply the backend's timeout.
+MOST_CONNECTIONS = 512
+
+
+class Capped:
+    """The listening socket's protocol factory: aiohttp's server, and a bound on the connections
+    it keeps (`MOST_CONNECTIONS`): when a new one would pass it, the oldest tenth of those idle
+    are closed."""
+
+    def __init__(self, server: web.Server, most: int) -> None:
+        self.server, self.most = server, most
+
+    def __call__(self) -> asyncio.BaseProtocol:
+        connections = self.server.connections
+        if len(connections) >= self.most:
+            # aiohttp says no more than this of whether a connection is in a request; where it
+            # says nothing, none is taken for idle
+            idle = [c for c in connections if getattr(c, "_request_in_progress", True) is False]
+            for handler in idle[: max(1, self.most // 10)]:
+                handler.force_close()
+        return self.server()
 
 
 def serve_forever(service: Service, say: Callable[[str], None], *, debug: bool = False) -> None:
