@@ -1,4 +1,4 @@
-"""Benchmark: the time and peak memory of each of issue 28's hostile cases, each case's tests run
+"""Benchmark: the time and peak memory of each of issue 28's and 35's hostile cases, each case's tests run
 in a process of their own under `/usr/bin/time -v` (its "Maximum resident set size" and wall
 clock). Issue 28 asks under 1 GB and under 10 s for every one; the figures are an upper bound
 of ctx's own, since the process is pytest's too (about 100 MB and a second or two of it: the
@@ -6,7 +6,8 @@ of ctx's own, since the process is pytest's too (about 100 MB and a second or tw
 
     python benchmarks/hostile_bounds.py            # every case
     python benchmarks/hostile_bounds.py 3 10 17    # some of them
-    python benchmarks/hostile_bounds.py --smoke    # every case's tests collected; baseline and #8 run
+    python benchmarks/hostile_bounds.py --smoke    # every case's tests collected; baseline, #8, s16 run
+    python benchmarks/hostile_bounds.py --flood    # issue 35's flood of idle connections, measured
 
 A case whose tests fail (or are no longer found) is shown with pytest's last line and makes the
 script exit 1. --smoke (benchmarks/smoke.sh) checks in one pytest process that every test named
@@ -43,6 +44,22 @@ the test, converted by one build and read from the cache by a second, in one pro
 The issue's own 2M-token file, converting, took 2.2 GB / 16.2 s here (1.66 GB / 4.7 s from the
 cache); it is now refused by its header in 0.16 s and 27 MB, as is any file past a bound.
 
+Issue 35, `ctx serve`'s own surface (tests/test_hostile_round5.py; serve runs in the pytest
+process, so its memory is in the figure; 2026-12-04, one run each), wall s / peak MB:
+
+    s5 3.8 / 133 (a broken chunk: the client's stream ends in about 1 s; before, never)
+    s6 3.2 / 133   s7 7.3 / 136   s8 11.4 / 92 (three tests, a subprocess flood among them)
+    s9 3.6 / 133 (a 40 MiB line with no end: refused at 1 MiB, not held; before, the line buffer
+    was quadratic: 100 MB took 20-27 s and 444 MB)   s10 3.3 / 93   s11 4.4 / 133
+    s12 5.1 / 130 (SIGTERM with a stalled stream, shutdown 2: 2.0 s; before, 4.0 s)
+    s13-15 3.1 / 133 (seven tests)   s16 2.6 / 133
+
+`--flood` (issue 35's #8 as a user meets it: `ctx serve` under `ulimit -n 1024`, 1,100 idle
+connections opened at it, then one client):
+
+    before  1024 files open, 1024 six seconds later; the client not answered in 31 s
+    after    718 files open,    7 six seconds later; the client answered in 0.01 s, no traceback
+
 Benchmarks report figures; no test asserts a time.
 """
 
@@ -56,8 +73,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 R4, MODELS = "tests/test_hostile_round4.py", "tests/test_hostile_models.py"
+R5 = "tests/test_hostile_round5.py"
 
-SMOKE = ["baseline", "8"]  # the cheapest case of each test file
+SMOKE = ["baseline", "8", "s16"]  # the cheapest case of each test file
 
 #: each case of issue 28 (its number), and the tests that reproduce it
 CASES: dict[str, list[str]] = {
@@ -110,6 +128,29 @@ CASES: dict[str, list[str]] = {
     "60MB": [f"{R4}::test_the_issues_60_mb_reply_of_empty_objects_is_one_line"],
     # "also found": a GGUF at both vocabulary bounds converted, then read from the cache
     "vocab": [f"{MODELS}::test_the_largest_vocabulary_ctx_reads_is_converted_and_counted"],
+    # issue 35, `ctx serve`'s own surface (serve runs in the pytest process: its memory is counted)
+    "s5": [f"{R5}::test_a_backend_that_breaks_its_chunked_encoding_ends_the_client_s_stream"],
+    "s6": [f"{R5}::test_a_backend_that_stops_mid_line_is_an_api_error_not_a_decode_error"],
+    "s7": [f"{R5}::test_summaries_are_written_under_steady_play"],
+    "s8": [
+        f"{R5}::test_idle_and_trickling_connections_are_closed",
+        f"{R5}::test_past_the_bound_the_oldest_connections_go_and_a_client_is_answered",
+        f"{R5}::test_a_flood_of_idle_connections_at_1024_files_shuts_out_no_client",
+    ],
+    "s9": [  # a 40 MiB line with no end; 32 MiB of events gzipped (the bound lowered to 1 MiB)
+        f"{R5}::test_an_event_with_no_end_is_an_error_past_its_bound",
+        f"{R5}::test_a_compressed_stream_is_bounded_as_a_body_is",
+    ],
+    "s10": [f"{R5}::test_a_request_of_more_messages_than_any_story_is_a_413_at_once"],
+    "s11": [f"{R5}::test_many_chats_keep_a_bounded_number_of_sessions"],
+    "s12": [f"{R5}::test_sigterm_with_a_stalled_stream_takes_shutdown_at_most"],
+    "s13-15": [
+        f"{R5}::test_what_a_backend_says_reaches_the_log_visible",
+        f"{R5}::test_a_backend_error_quoting_the_prompt_is_cut_from_the_log",
+        f"{R5}::test_malformed_requests_leave_a_few_lines_and_no_traceback",
+        f"{R5}::test_json_nested_deep_in_a_passed_through_field_is_a_400",
+    ],
+    "s16": [f"{R5}::test_a_window_past_any_model_s_is_the_server_s_error"],
 }
 
 
@@ -139,11 +180,70 @@ def collected() -> int:
     return done.returncode
 
 
+def flood(sockets: int = 1100) -> str:
+    """Issue 35's #8 as a user would meet it: `ctx serve` under `ulimit -n 1024`, `sockets` idle
+    connections opened at it; its open files at once and 6 s later (past its 5 s idle bound),
+    and how long a well-behaved client then waits for an answer."""
+    import http.client
+    import os
+    import resource
+    import socket
+    import tempfile
+    import time
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 2 * sockets + 200)), hard))
+    home = Path(tempfile.mkdtemp())
+    (home / "config.toml").write_text('[serve]\nbackend = "http://127.0.0.1:9/v1"\nport = 0\nsummarize = false\n')
+    server = subprocess.Popen(
+        [sys.executable, "-m", "otaku_ctx", "serve", "--config", str(home / "config.toml")], cwd=REPO,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "OTAKU_HOME": str(home)},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)),
+    )  # fmt: skip
+    held: list[socket.socket] = []
+    try:
+        line = server.stderr.readline() if server.stderr else ""
+        port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+        for _ in range(sockets):
+            try:
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+            except OSError:
+                break
+        files = len(os.listdir(f"/proc/{server.pid}/fd"))
+        started = time.monotonic()
+        answered = False
+        while not answered and time.monotonic() - started < 30:
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=3)
+                connection.request("GET", "/health")
+                answered = connection.getresponse().status == 200
+            except OSError:
+                time.sleep(0.1)
+        waited = time.monotonic() - started
+        time.sleep(6)
+        later = len(os.listdir(f"/proc/{server.pid}/fd"))
+    finally:
+        for each in held:
+            each.close()
+        server.terminate()
+        _, err = server.communicate(timeout=30)
+    tracebacks = err.count("Traceback")
+    return (
+        f"{len(held)} idle sockets opened: serve had {files} files open, {later} six seconds later; a client"
+        f" {'answered after' if answered else 'not answered in'} {waited:.2f} s;"
+        f" {tracebacks} tracebacks in {len(err.splitlines())} lines of log"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cases", nargs="*", help="case numbers (default: all)")
     parser.add_argument("--smoke", action="store_true", help=f"collect every case's tests; run only {SMOKE}")
+    parser.add_argument("--flood", action="store_true", help="only issue 35's flood of idle connections (#8)")
     args = parser.parse_args()
+    if args.flood:
+        print(flood())
+        return 0
     asked = args.cases or (SMOKE if args.smoke else [])
     if unknown := sorted(set(asked) - set(CASES)):
         parser.error(f"no case {', '.join(unknown)} (cases: {', '.join(CASES)})")

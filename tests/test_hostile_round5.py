@@ -417,3 +417,120 @@ def test_a_flood_of_idle_connections_at_1024_files_shuts_out_no_client(raw: RawB
         server.terminate()
         _, err = server.communicate(timeout=30)
     assert "Traceback" not in err, err[-2000:]
+
+
+# -- #7: summaries get their share under steady play --------------------------------------------
+
+
+def test_summaries_are_written_under_steady_play() -> None:
+    """Three chats streaming back to back, a live request always waiting: summaries are still
+    asked for (the gate lets one go after three live requests went first)."""
+    import threading
+
+    from test_serve import StandIn
+
+    stand_in = StandIn().start()
+    stand_in.window, stand_in.mode, stand_in.delay, stand_in.summary_delay = 1200, "slow", 0.15, 0.05
+    running = Running(Service(settings_for(stand_in.url, summarize=True)))
+    stop = threading.Event()
+
+    def play(n: int) -> None:
+        talk = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30)
+        while not stop.is_set():
+            talk.chat.completions.create(model="m", messages=chat(60, frame=f"Chat {n}."), max_tokens=100)
+
+    players = [threading.Thread(target=play, args=(n,)) for n in range(3)]
+    try:
+        for player in players:
+            player.start()
+        time.sleep(4)
+        with stand_in.lock:
+            summaries, live = len(stand_in.summaries), len(stand_in.bodies)
+        assert live >= 12 and summaries >= 2, (live, summaries)
+    finally:
+        stop.set()
+        for player in players:
+            player.join(30)
+        running.stop()
+        stand_in.stop()
+
+
+# -- #11: per-chat memory is bounded -------------------------------------------------------------
+
+
+def test_many_chats_keep_a_bounded_number_of_sessions(raw: RawBackend) -> None:
+    def answer(handler: BaseHTTPRequestHandler) -> None:
+        body = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}}]}).encode()
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    raw.scenario = answer
+    service = Service(settings_for(raw.url))
+    service.sessions.most = 10
+    running = Running(service)
+    try:
+        client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=20)
+        for n in range(30):  # thirty chats, each its own opening and its own system prompt
+            client.chat.completions.create(model="m", messages=chat(6, frame=f"System {n}.", words=8 + n))
+        assert len(service.sessions) == 10  # the least recently used went, whole
+        host, port = address(running)
+        connection = http.client.HTTPConnection(host, port, timeout=5)
+        connection.request("GET", "/ctx/stats")
+        assert len(json.loads(connection.getresponse().read())["chats"]) == 10
+    finally:
+        running.stop()
+
+
+# -- #14: a backend's error that quotes the prompt -----------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_backend_error_quoting_the_prompt_is_cut_from_the_log(
+    raw: RawBackend, serving: Running, caplog: pytest.LogCaptureFixture, stream: bool
+) -> None:
+    messages = chat(3, frame="The secret of the lighthouse is the blue lamp in the cellar.")
+    quoted = "failed to process the prompt: " + json.dumps(messages)[:400]
+
+    def failing(handler: BaseHTTPRequestHandler) -> None:
+        if stream:  # a stream that starts, then fails with the server's words cut off mid-event
+            stream_head(handler, ("Connection", "close"))
+            handler.wfile.write(event("Hi") + b"data: " + quoted.encode())
+            return
+        body = json.dumps({"error": {"message": quoted}}).encode()
+        handler.send_response(500)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    raw.scenario = failing
+    caplog.set_level(logging.INFO)
+    client = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=20)
+    with pytest.raises(openai.APIError):
+        if stream:
+            streamed(serving)
+        else:
+            client.chat.completions.create(model="m", messages=messages)
+    text = logged(caplog.records)
+    assert "the backend failed" in text
+    assert "blue lamp" not in text and "Turn 1" not in text  # the chat's own words are not in the log
+
+
+# -- #10: the work of one request is bounded -----------------------------------------------------
+
+
+def test_a_request_of_more_messages_than_any_story_is_a_413_at_once(
+    raw: RawBackend, serving: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from otaku_ctx.serve import http as served
+
+    monkeypatch.setattr(served, "MOST_MESSAGES", 1000)
+    client = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=20)
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(model="m", messages=chat(1001))
+    assert refused.value.status_code == 413 and "at most 1,000 a request" in refused.value.body["message"]  # type: ignore[index]
+    assert time.monotonic() - started < 2

@@ -36,7 +36,7 @@ from ..summarize import options_of
 from ..tokens import TokenCounter
 from .assemble import Assembled, assemble_chat, ladder
 from .chats import Chat, ChatError, FramePart, chat_story, frame_of, framed, identify
-from .logs import log_to_stderr
+from .logs import log_to_stderr, unquoted
 from .session import Session, Sessions
 from .stats import StreamUsage, Turn, Usage
 from .store import Store, chats_folder
@@ -285,6 +285,9 @@ class Service:
     def parse(self, body: dict[str, Any], headers: Mapping[str, str]) -> Request:
         """Every check of a chat request, before any state changes: its messages are a chat ctx
         can assemble, its reply's reserve, which chat it is."""
+        given = body.get("messages")
+        if isinstance(given, list) and len(given) > MOST_MESSAGES:
+            raise TooManyMessages(MOST_MESSAGES, len(given))
         for key, value in body.items():  # what is passed on as it came is encoded again: bounded first
             if key != "messages" and nested_past(value, MOST_NESTING):
                 raise ChatError(f"{key}: nested more than {MOST_NESTING} levels deep; no chat request is")
@@ -309,9 +312,13 @@ class Service:
             def done(usage: Usage, cancelled: bool = False) -> None:
                 self.record(session, assembled, usage, own, cancelled)
 
-            if turn.body.get("stream"):
-                return await self.stream(request, "/chat/completions", forwarded, done)
-            return await self.whole("/chat/completions", forwarded, done)
+            try:
+                if turn.body.get("stream"):
+                    return await self.stream(request, "/chat/completions", forwarded, done)
+                return await self.whole("/chat/completions", forwarded, done)
+            except BackendError as failure:  # its words may quote the prompt: not into the log
+                failure.problem = unquoted(failure.problem, [m["content"] for m in assembled.messages])
+                raise
 
     def assemble(self, turn: Request, setup: Setup, window: int) -> tuple[Session | None, Assembled]:
         """On the worker thread: the chat's session found (none for a probe), its story read
@@ -437,6 +444,7 @@ class Service:
                     done(usage, True)
                 raise
             except BackendError as failure:  # too late for a status: the stream says it, and ends
+                failure.problem = unquoted(failure.problem, [str(m.get("content")) for m in body.get("messages", ())])
                 log.warning("the backend failed mid-stream: %s", failure)
                 said = error_body(f"ctx serve: the backend failed: {failure}", "backend_error", "backend_failed")
                 await response.write(f"data: {json.dumps(said)}\n\n".encode())
@@ -548,6 +556,10 @@ class Service:
             return await handler(request)
         except TooLarge as why:
             return error(413, f"ctx serve: the request body is over {why.bound:,} bytes ([serve] max_body)")
+        except TooManyMessages as why:
+            return error(
+                413, f"ctx serve: a chat of {why.given:,} messages; serve takes at most {why.bound:,} a request"
+            )
         except SlowBody:
             return error(408, f"ctx serve: the request body did not arrive within {BODY_SECONDS:g} s")
         except ChatError as why:
@@ -573,6 +585,16 @@ CORS_PREFLIGHT = {
     "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Api-Key, X-Ctx-Chat",
     "Access-Control-Max-Age": "600",
 }
+
+
+#: the messages one request may hold: twice the longest story ctx is built for (100,000), so that
+#: one request's assembly (some seconds, the first time) cannot hold the other chats' turns for long
+MOST_MESSAGES = 200_000
+
+
+class TooManyMessages(Exception):
+    def __init__(self, bound: int, given: int) -> None:
+        self.bound, self.given = bound, given
 
 
 class SlowBody(Exception):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..errors import visible
 
@@ -78,3 +78,19 @@ def log_to_stderr(debug: bool = False) -> logging.Handler:
     handler.addFilter(Hush())
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     return handler
+
+
+#: characters of a chat's text that, found in what a server said, are a quote of the chat
+QUOTED = 24
+
+
+def unquoted(said: str, texts: Sequence[str]) -> str:
+    """What a server said, cut where it starts quoting one of `texts` (the prompt's messages): a
+    backend's error may quote the prompt, and a chat's text is never logged. `said` is one
+    line of a few hundred characters (`failures.one_line`); each window of it is looked for."""
+    step = QUOTED // 2
+    for start in range(0, max(0, len(said) - QUOTED) + 1, step):
+        window = said[start : start + QUOTED]
+        if len(window) == QUOTED and any(window in text for text in texts):
+            return said[:start].rstrip() + " … (the prompt, quoted: cut)"
+    return said
