@@ -12,6 +12,7 @@ import http.client
 import io
 import json
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -370,6 +371,7 @@ def test_sigterm_with_a_stalled_stream_takes_shutdown_at_most(raw: RawBackend) -
     connection.close()
 
 
+@pytest.mark.deep  # six seconds: in .ci/run's second step
 def test_a_flood_of_idle_connections_at_1024_files_shuts_out_no_client(raw: RawBackend, tmp_path: Path) -> None:
     """The issue's figure: `ctx serve` under `ulimit -n 1024`, 1,100 idle connections opened at
     it; a well-behaved client is still answered, and its log holds no traceback."""
@@ -422,6 +424,7 @@ def test_a_flood_of_idle_connections_at_1024_files_shuts_out_no_client(raw: RawB
 # -- #7: summaries get their share under steady play --------------------------------------------
 
 
+@pytest.mark.deep  # four seconds of play: in .ci/run's second step
 def test_summaries_are_written_under_steady_play() -> None:
     """Three chats streaming back to back, a live request always waiting: summaries are still
     asked for (the gate lets one go after three live requests went first)."""
@@ -534,3 +537,69 @@ def test_a_request_of_more_messages_than_any_story_is_a_413_at_once(
         client.chat.completions.create(model="m", messages=chat(1001))
     assert refused.value.status_code == 413 and "at most 1,000 a request" in refused.value.body["message"]  # type: ignore[index]
     assert time.monotonic() - started < 2
+
+
+# -- #1-#4: the sidecar has one writer at a time, and loses nothing ------------------------------
+
+
+def test_two_serves_on_one_sidecar_write_each_scene_once_and_keep_them_all() -> None:
+    """Two serves on one `OTAKU_HOME`, the same chat sent to both at once: one writes its scenes
+    (the lock `ctx summarize` takes), the other finds them written and asks for none again —
+    a scene lost to a stale rewrite would be asked for a second time."""
+    from test_serve import StandIn
+
+    from otaku_ctx.story.sidecar import read_sidecar
+
+    stand_in = StandIn().start()
+    stand_in.window, stand_in.summary_delay = 1200, 0.05
+    first = Running(Service(settings_for(stand_in.url, summarize=True)))
+    second = Running(Service(settings_for(stand_in.url, summarize=True)))
+    try:
+        for running in (first, second):
+            openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30).chat.completions.create(
+                model="m", messages=chat(60), max_tokens=200
+            )
+        deadline = time.monotonic() + 60
+        while True:  # until neither has anything left to write (the one refused the lock tries again)
+            left = 0
+            for running in (first, second):
+                host, port = address(running)
+                connection = http.client.HTTPConnection(host, port, timeout=5)
+                connection.request("GET", "/ctx/stats")
+                left += sum(c["summaries_left"] for c in json.loads(connection.getresponse().read())["chats"])
+            if not left and stand_in.summaries:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        for running in (first, second):  # a turn more for each: the scenes are found, none asked again
+            openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30).chat.completions.create(
+                model="m", messages=chat(60), max_tokens=200
+            )
+        time.sleep(1.0)
+        [sidecar] = (Path(os.environ["OTAKU_HOME"]) / "chats").glob("*.ctx-summaries")
+        records = read_sidecar(sidecar)
+        scenes = {r.start for r in records}
+        asked = [b for b in stand_in.summaries if "history" not in json.dumps(b.get("response_format") or {})]
+        assert records and len(asked) == len(scenes), (len(asked), sorted(scenes))
+        assert not list(sidecar.parent.glob("*.tmp*"))  # no temporary file left behind
+    finally:
+        first.stop()
+        second.stop()
+        stand_in.stop()
+
+
+def test_a_writer_killed_mid_write_leaves_no_temporary_file_for_good(tmp_path: Path) -> None:
+    from otaku_ctx.summarize.commits import Commits
+
+    sidecar = tmp_path / "o123.ctx-summaries"
+    sidecar.write_text("")
+    stale, fresh = tmp_path / ".o123.ctx-summaries.k9x.tmp", tmp_path / ".o123.ctx-summaries.a1b.tmp"
+    other = tmp_path / ".another.ctx-summaries.k9x.tmp"
+    for left in (stale, fresh, other):
+        left.write_text("half a sidecar")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    os.utime(other, (time.time() - 3600, time.time() - 3600))
+    with Commits(sidecar, []):
+        pass
+    assert not stale.exists()  # a crash's, swept by the next writer
+    assert fresh.exists() and other.exists()  # one being written now, and another file's

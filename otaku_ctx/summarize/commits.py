@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import os
 import stat
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -61,6 +63,10 @@ class Locked(OutputError):
     """Another `ctx summarize` holds the sidecar's lock."""
 
 
+#: seconds after which a writer's temporary file beside the sidecar is a crash's leftover
+STALE_TEMP = 60.0
+
+
 class Commits:
     """The commits of one run to `path`, whose records the run read as `read`."""
 
@@ -93,9 +99,20 @@ class Commits:
             with contextlib.suppress(OSError):
                 if os.stat(lock).st_ino == os.fstat(descriptor).st_ino:
                     self._lock = descriptor
+                    self._sweep()
                     return self
             os.close(descriptor)
         raise Locked(self.path, f"its lock {lock} keeps changing; run again")
+
+    def _sweep(self) -> None:
+        """Remove what a writer of this file killed mid-write left (`write_atomic`'s temporary
+        `.NAME.*.tmp` beside it), once the lock is ours and the file a minute old: a run that
+        holds no lock (`scenes --redo`) writes its own in well under that."""
+        now = time.time()
+        for left in self.path.parent.glob(f".{glob.escape(self.path.name)}.*.tmp"):
+            with contextlib.suppress(OSError):
+                if left.is_file() and not left.is_symlink() and now - left.stat().st_mtime > STALE_TEMP:
+                    left.unlink()
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
