@@ -17,7 +17,7 @@ import pytest
 from otaku_ctx.config import SummarizeSettings
 from otaku_ctx.story.model import Message, Story
 from otaku_ctx.summarize import prompts_of
-from otaku_ctx.summarize.checks import looping, rejected
+from otaku_ctx.summarize.checks import Scene, looping, rejected
 from otaku_ctx.summarize.replies import field_of
 from otaku_ctx.tokens import make_counter
 
@@ -354,3 +354,58 @@ def test_what_smollm2_wrote_that_an_earlier_ctx_let_through_is_rejected(
             for name, value in THEN[reply["accepted_by"]].items():
                 then.setattr(checks, name, value)
             assert why(reply) is None, (reply["run"], reply["scene"], reply["part"])
+
+
+# -- issue 36: extracts that keep the facts, and junk that does not roll on ----------------------
+
+
+def test_the_extract_of_a_scene_of_greetings_and_facts_keeps_the_facts() -> None:
+    from otaku_ctx.summarize.extract import summary_extract
+
+    said = [
+        ("Jon", "Hey Gina! How are you?"),
+        ("Gina", "Hey Jon! Good to see you."),
+        (
+            "Jon",
+            "Thanks, Gina! Lost my job as a banker yesterday, so I'm gonna take a shot at starting my own business.",
+        ),
+        ("Gina", "Woah, Jon! Unfortunately, I also lost my job at Door Dash this month."),
+        ("Jon", "Yeah, Gina! We will be fine."),
+        ("Gina", "Wow!"),
+    ]
+    messages = [Message(n, "user" if n % 2 else "assistant", text, name) for n, (name, text) in enumerate(said, 1)]
+    extract = summary_extract(messages, 40)
+    assert (
+        "Jon: Lost my job as a banker yesterday" in extract
+        and "Gina: Unfortunately, I also lost my job at Door Dash" in extract
+    )
+    assert "Hey" not in extract and "Woah" not in extract and "Wow" not in extract  # greetings tell nothing
+    lines = extract.splitlines()
+    assert lines.index(next(x for x in lines if "banker" in x)) < lines.index(
+        next(x for x in lines if "Door Dash" in x)
+    )
+    assert summary_extract(messages, 40) == extract  # deterministic
+    assert len(summary_extract(messages, 12).split()) <= 12 + 20  # within the words, the first sentence always
+
+
+def test_the_hey_ben_history_is_turned_down() -> None:
+    """The history SmolLM2 wrote for a dialogue of Jon and Gina (issue 36), as it was."""
+    ben = (
+        "In a small town with no internet, people have to keep their phones connected all day long. In this"
+        " strange and wonderful world of yours… Gina: How can that be? Gina: No idea. Ben: Ben! Ben: Hey Ben!"
+        " Ben: Hey Ben! Ben: Hey Ben! Ben: Hey Ben! Ben: Hey Ben!!!"
+    )
+    scene = Scene.of(
+        "Jon: Lost my job as a banker yesterday, so I'm gonna take a shot at starting my own business.\n"
+        "Gina: Unfortunately, I also lost my job at Door Dash this month.\n" * 3,
+        ["Jon", "Gina"],
+        "Write the story so far.",
+        120,
+    )
+    assert rejected("history", ben, scene, "Jon and Gina talked about losing their jobs.")
+    invented = (
+        "Jon and Gina lost their jobs. Then Ben, Jill, Nancy and Mia came to the office, and Ben told Jill"
+        " that Nancy and Mia would start the business with Jon and Gina."
+    )
+    reason = rejected("history", invented, scene, "Jon and Gina talked about losing their jobs.")
+    assert reason is not None and "names what the scene never does" in reason

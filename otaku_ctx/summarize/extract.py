@@ -3,50 +3,103 @@ scene's record made of the scene's own lines, and a history made of the history 
 that record. Never a word the story does not hold; marked as an extract (its `model` is
 `EXTRACT`), so `ctx scenes` lists it and `--redo` asks the model again, a better one perhaps.
 
-A summary extract: each message's first sentence, as "Name: sentence", in order, until
-`words` words. A history extract: the story so far before it, then this scene's summary; past
+A summary extract: the scene's sentences that carry its facts — names, places, numbers, dates,
+words it says once — chosen by what they tell for their length, written "Name: sentence" in
+story order, until `words` words (a scene of greetings and facts keeps the facts). A history
+extract: the story so far before it, then this scene's summary; past
 `words`, the story so far keeps the first half of the words and this scene the rest, so the
 story's beginning and its newest scene both stand."""
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 
 from ..story.model import Message
+from .checks import NUMBER, STOPWORDS, WORD, written_names
 
 EXTRACT = "ctx extract"  # the `model` of a record ctx wrote from the scene's own lines
 SENTENCE = re.compile(r"(.+?[.!?…]+[\"'”’)\]]*)(?:\s|$)", re.DOTALL)
 MOST_SENTENCE_WORDS = 30
-
-
-def first_sentence(text: str) -> str:
-    flat = " ".join(text.split())
-    found = SENTENCE.match(flat)
-    sentence = found[1] if found else flat
-    words = sentence.split()
-    return " ".join(words[:MOST_SENTENCE_WORDS]) + ("…" if len(words) > MOST_SENTENCE_WORDS else "")
+#: a sentence this short that names no one but the scene's speakers and holds no number tells no fact
+GREETING_WORDS = 3
+MONTHS = re.compile(
+    r"\b(?:January|February|March|April|May|June|July|August|September|October|November|December|Monday|Tuesday"
+    r"|Wednesday|Thursday|Friday|Saturday|Sunday|yesterday|tomorrow|tonight|today)\b",
+    re.IGNORECASE,
+)
 
 
 def summary_extract(messages: Sequence[Message], words: int) -> str:
-    """The scene told by its own lines: each message's first sentence, with its speaker."""
-    lines: list[str] = []
-    count = 0
+    """The scene told by its own lines: the sentences that carry its facts, with their speakers,
+    in story order, within `words` (`informative`); a card that joins, always."""
+    said: list[tuple[int, str, str]] = []  # (order, speaker, sentence)
     for m in messages:
         if m.card is not None:
-            line = f"{m.card.name} joins the story."
-        else:
-            speaker = m.name or {"user": "User", "assistant": "Character", "system": "Narration"}[m.role]
-            sentence = first_sentence(m.content)
-            if not sentence:
-                continue
-            line = f"{speaker}: {sentence}"
-        size = len(line.split())
-        if lines and count + size > words:
-            break
-        lines.append(line)
-        count += size
-    return "\n".join(lines)
+            said.append((len(said), "", f"{m.card.name} joins the story."))
+            continue
+        speaker = m.name or {"user": "User", "assistant": "Character", "system": "Narration"}[m.role]
+        for sentence in sentences(m.content):
+            said.append((len(said), speaker, sentence))
+    rare = rare_words(" ".join(s for _, _, s in said))
+    speakers = frozenset(speaker.lower() for _, speaker, _ in said)
+    chosen = informative(said, rare, speakers, words)
+    return "\n".join(f"{speaker}: {sentence}" if speaker else sentence for _, speaker, sentence in chosen)
+
+
+def sentences(text: str) -> list[str]:
+    """A message's sentences (its last one unended, too), each cut at `MOST_SENTENCE_WORDS` words."""
+    flat = " ".join(text.split())
+    found, end = [], 0
+    for match in SENTENCE.finditer(flat):
+        found.append(match[1])
+        end = match.end()
+    if flat[end:].strip():
+        found.append(flat[end:].strip())
+    cut = []
+    for sentence in found:
+        parts = sentence.split()
+        cut.append(" ".join(parts[:MOST_SENTENCE_WORDS]) + ("…" if len(parts) > MOST_SENTENCE_WORDS else ""))
+    return [c for c in cut if c]
+
+
+def rare_words(text: str) -> frozenset[str]:
+    """The scene's content words said once in it: what it tells that nothing else in it repeats."""
+    counted = Counter(w.lower() for w in WORD.findall(text))
+    return frozenset(w for w, n in counted.items() if n == 1 and w not in STOPWORDS and len(w) > 3)
+
+
+def facts(sentence: str, rare: frozenset[str], speakers: frozenset[str]) -> int:
+    """How much a sentence tells: its names (a capitalised word that starts no sentence, but
+    the scene's own speakers), its numbers and dates, and its rare words. A greeting ("Hey
+    Gina!") tells nothing."""
+    names = len(written_names(sentence) - speakers) + len(MONTHS.findall(sentence))
+    numbers = len(NUMBER.findall(sentence))
+    found = WORD.findall(sentence)
+    if len(found) <= GREETING_WORDS and not names and not numbers:  # "Thanks, Gina!", "Woah, Jon!"
+        return 0
+    return names + 2 * numbers + sum(w.lower() in rare for w in found)
+
+
+def informative(
+    said: Sequence[tuple[int, str, str]], rare: frozenset[str], speakers: frozenset[str], words: int
+) -> list[tuple[int, str, str]]:
+    """The sentences that tell the most for their length, chosen until `words` (the first one
+    always), back in story order. Deterministic: ties go to the earlier sentence."""
+    if not said:
+        return []
+    sizes = {order: len(f"{speaker}: {sentence}".split()) for order, speaker, sentence in said}
+    scores = {order: facts(sentence, rare, speakers) for order, _, sentence in said}
+    ranked = sorted(said, key=lambda s: (-scores[s[0]] / (sizes[s[0]] + 2), s[0]))
+    chosen: list[tuple[int, str, str]] = []
+    count = 0
+    for item in ranked:
+        if chosen and (count + sizes[item[0]] > words or scores[item[0]] == 0):
+            continue
+        chosen.append(item)
+        count += sizes[item[0]]
+    return sorted(chosen)
 
 
 def history_extract(earlier: str, summary: str, words: int) -> str:
