@@ -603,3 +603,16 @@ def test_a_writer_killed_mid_write_leaves_no_temporary_file_for_good(tmp_path: P
         pass
     assert not stale.exists()  # a crash's, swept by the next writer
     assert fresh.exists() and other.exists()  # one being written now, and another file's
+
+
+def test_events_are_cut_at_their_ends_whatever_the_chunks() -> None:
+    stream = event("Hel") + event("lo") + b"data: [DONE]\r\n\r\n"
+    for size in (1, 2, 3, 7, len(stream)):  # every way the bytes may arrive
+        events = upstream.Events("http://backend/v1")
+        passed = b"".join(events.feed(stream[i : i + size]) for i in range(0, len(stream), size))
+        events.end()
+        assert passed == stream
+    half = upstream.Events("http://backend/v1")
+    assert half.feed(b'data: {"choi') == b""
+    with pytest.raises(upstream.BadReply, match="middle of a server-sent event"):
+        half.end()
