@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -172,10 +173,9 @@ def truncated(
         built = _newest(pipeline, story, kept)
         if built.prompt is not None:
             return kept, built
-    limit = _newest(pipeline, story, 1).assembly.limit
-    kept, built = newest_that_fit(story, settings, count, window, max_tokens, most=int(limit * (1 - ROOM)))
-    if built.prompt is None or kept == 0:
-        kept, built = newest_that_fit(story, settings, count, window, max_tokens)
+    kept, built = newest_that_fit(pipeline, story, roomy)
+    if not kept:  # not even the newest message leaves the room: the most that fit at all
+        kept, built = newest_that_fit(pipeline, story)
     if session is not None:
         session.cut = newest - kept + 1 if built.prompt is not None else 0
     return kept, built
@@ -188,21 +188,14 @@ def _newest(pipeline: Pipeline, story: Story, k: int) -> Built:
 
 
 def newest_that_fit(
-    story: Story,
-    settings: Settings,
-    count: TokenCounter,
-    window: int,
-    max_tokens: int | None,
-    *,
-    most: int | None = None,
+    pipeline: Pipeline, story: Story, roomy: Callable[[Built], bool] = lambda built: True
 ) -> tuple[int, Built]:
-    """The most of the chat's newest messages that fit beside its frame (within `most` tokens,
-    when given), found by halving: the newest k fit for every k below the most that do; (0, the
-    build of the newest one alone) when not even it fits."""
-    pipeline = pipeline_for(settings, count, window, max_tokens)
+    """The most of the chat's newest messages that fit beside its frame (and are `roomy`), found
+    by halving: the newest k fit for every k below the most that do; (0, the build of the newest
+    one alone) when not even it fits."""
 
     def fits(built: Built) -> bool:
-        return built.prompt is not None and (most is None or built.assembly.tokens <= most)
+        return built.prompt is not None and roomy(built)
 
     best = _newest(pipeline, story, 1)
     if not fits(best):

@@ -56,10 +56,9 @@ class FrameMemory:
     # chat's other messages (`held`)
     anchors: dict[str, int] = field(default_factory=dict)
 
-    def matching(self, part: FramePart, length: int, sticky: int) -> Kept | None:
-        """The kept part this one is: the same lines, or some of them while the whole was sent
-        within the last `sticky` messages."""
-        lines = lines_of(part)
+    def matching(self, part: FramePart, lines: frozenset[str], length: int, sticky: int) -> Kept | None:
+        """The kept part this one (of these `lines`) is: the same lines, or some of them while the
+        whole was sent within the last `sticky` messages."""
         for k in self.kept:
             if k.part.name == part.name and lines and lines <= k.lines:
                 if lines == k.lines or length - k.seen <= sticky:
@@ -70,16 +69,18 @@ class FrameMemory:
         """The frame this turn sends on, for the frame the frontend `sent` with a chat of `length`
         messages: each part as first sent; with nothing new, the parts not sent again that were
         sent whole within the last `sticky` messages too (0: none)."""
-        found = [(part, self.matching(part, length, sticky)) for part in sent]
         now: list[Kept] = []
-        for part, k in found:
+        new = False
+        for part in sent:
+            lines = lines_of(part)
+            k = self.matching(part, lines, length, sticky)
             if k is None:
-                k = Kept(part, lines_of(part), length)
-            elif k.lines == lines_of(part):
+                k, new = Kept(part, lines, length), True
+            elif k.lines == lines:
                 k.seen = length
             if all(k is not other for other in now):
                 now.append(k)
-        if any(k is None for _, k in found):  # something new: the frame as sent, the rest forgotten
+        if new:  # something new: the frame as sent, the rest forgotten
             self.kept = now
         else:
             self.kept = [k for k in self.kept if any(k is n for n in now) or length - k.seen <= sticky]
