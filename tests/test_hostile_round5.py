@@ -16,6 +16,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
@@ -527,6 +528,41 @@ def test_a_request_of_more_messages_than_any_story_is_a_413_at_once(
         client.chat.completions.create(model="m", messages=chat(1001))
     assert refused.value.status_code == 413 and "at most 1,000 a request" in refused.value.body["message"]  # type: ignore[index]
     assert raw.asked == 0  # refused before any assembly: the backend never asked
+
+
+def test_a_long_chat_s_turn_holds_up_no_other_chat_s(raw: RawBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long chat's first turn (here held until released, as a 150,000-message chat's takes 7 s)
+    runs on the long chats' worker: another chat's turn is answered meanwhile."""
+    import threading
+
+    from otaku_ctx.serve import http as served
+
+    monkeypatch.setattr(served, "LONG_CHAT", 40)
+    raw.scenario = lambda handler: reply(handler, 200, HI)
+    service = Service(settings_for(raw.url))
+    held, release = threading.Event(), threading.Event()
+    assemble = service.assemble
+
+    def heavy(turn: served.Request, setup: served.Setup, window: int) -> Any:
+        if len(turn.body["messages"]) > 40:
+            held.set()
+            release.wait(30)
+        return assemble(turn, setup, window)
+
+    service.assemble = heavy  # type: ignore[method-assign]
+    running = Running(service)
+    client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30)
+    long = threading.Thread(target=lambda: client.chat.completions.create(model="m", messages=chat(60)))
+    try:
+        long.start()
+        assert held.wait(10)
+        other = client.with_options(timeout=5).chat.completions.create(model="m", messages=chat(6, frame="Another."))
+        assert other.choices[0].message.content == "Hi" and long.is_alive()
+    finally:
+        release.set()
+        long.join(30)
+        running.stop()
+    assert raw.asked == 2  # and the long chat's turn was answered too
 
 
 # -- #1-#4: the sidecar has one writer at a time, and loses nothing ------------------------------

@@ -5,7 +5,9 @@ backend's real window less the reply, sends the assembled messages on in the sam
 body, and streams the reply back chunk by chunk. `GET /v1/models` and `POST /v1/completions`
 pass through unchanged (a flat text prompt cannot be re-assembled); `GET /health`;
 `GET /ctx/stats`. aiohttp serves it and streams from the backend, on one asyncio loop; ctx's
-own work (counting, assembling, the backend's window) runs on one worker thread beside it.
+own work (counting, assembling, the backend's window) runs beside it on a worker thread, one
+for the chats of fewer than `LONG_CHAT` messages and one for the longer (`Lane`), so that a
+long chat's first turn (seconds, at 100,000 messages) holds up no other chat's.
 """
 
 from __future__ import annotations
@@ -133,6 +135,29 @@ def backend_failed(failure: BackendError) -> web.Response:
     return error(status, f"ctx serve: the backend failed: {failure}", "backend_error")
 
 
+#: a chat of this many messages or more is long: its turns run on the long chats' worker
+LONG_CHAT = 5000
+#: a body of this many bytes or more is decoded on a thread of its own, not on the event loop
+LONG_BODY = 1 << 20
+
+
+class Lane:
+    """A worker thread and what it counts and assembles with: its own counter and the
+    pipelines made for it (a counter, and so a pipeline, is one thread's)."""
+
+    def __init__(self, name: str) -> None:
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self.setup: Setup | None = None
+
+    async def run(self, work: Callable[[], T]) -> T:
+        """`work` on this lane's thread, from the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, work)
+
+    def wait(self, work: Callable[[], T]) -> T:
+        """`work` on this lane's thread, from another thread (the summarizer's)."""
+        return self.pool.submit(work).result()
+
+
 @dataclass
 class Setup:
     """What the first chat request works out once: the settings with the model's and the
@@ -193,8 +218,9 @@ class Service:
         )
         self.sessions = Sessions()
         self.gate = Gate()
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="ctx-serve")
-        self._setup: Setup | None = None
+        # the chats of fewer than LONG_CHAT messages, and the longer
+        self.lanes = (Lane("ctx-serve"), Lane("ctx-serve-long"))
+        self._setup_lock = threading.Lock()
 
     def backend_for(self, model: str) -> Backend:
         """The backend as ctx asks it itself (its window, its tokenizer, the summaries): one retry
@@ -205,23 +231,39 @@ class Service:
             connect_timeout=s.connect_timeout, retry=Retry(attempts=1, backoff=0.25),
         )  # fmt: skip
 
-    # the worker thread ------------------------------------------------------------------------
+    # the worker threads -----------------------------------------------------------------------
 
-    async def blocking(self, work: Callable[[], T]) -> T:
-        """`work` on the worker thread, where every count and assembly runs (one at a time)."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, work)
+    def lane(self, messages: int) -> Lane:
+        """The lane of a chat of this many messages."""
+        return self.lanes[messages >= LONG_CHAT]
 
-    def counting(self, work: Callable[[], T]) -> T:
-        """`work` on the worker thread, from another thread (the summarizer's)."""
-        return self.pool.submit(work).result()
+    def counting(self, session: Session, work: Callable[[TokenCounter], T]) -> T:
+        """`work` with a chat's lane's counter, on its thread, from another (the summarizer's)."""
+        lane = self.lane(len(session.story.messages) if session.story is not None else 0)
+        return lane.wait(lambda: work(self.setup_of(lane).count))
+
+    def setup_of(self, lane: Lane, model_name: str = "") -> Setup:
+        """The lane's setup: the first lane's (`setup`), with a counter of its own for any other."""
+        if lane.setup is None:
+            first = self.setup(model_name)
+            lane.setup = first if lane is self.lanes[0] else replace(first, count=counter_for(first.settings))
+        return lane.setup
+
+    @property
+    def _setup(self) -> Setup | None:
+        return self.lanes[0].setup
 
     def setup(self, model_name: str = "") -> Setup:
         """The settings for this backend, made once: the model's parts (`[model] use`), and the
         server's own tokenizer where it has one and the user named none. `model_name` is the
         first request's "model", which the backend is asked about (and the summaries asked
         of) when `--model` names none."""
-        if self._setup is not None:
-            return self._setup
+        with self._setup_lock:
+            if self.lanes[0].setup is None:
+                self.lanes[0].setup = self._made(model_name)
+            return self.lanes[0].setup
+
+    def _made(self, model_name: str) -> Setup:
         if not self.backend.model and model_name:
             self.backend = self.backend_for(model_name)
         settings = serving(self.settings)
@@ -238,22 +280,23 @@ class Service:
                 settings = replace(settings, model=served)
             except NoTokenizer as why:
                 log.warning("counting with %s: %s", model.tokenizer, why)
-                count = counter_for(with_model(settings))
+                settings = with_model(settings)
+                count = counter_for(settings)
         elif not chose_tokenizer:
             log.warning(
                 "counting with %s: the backend has no tokenize endpoint (for exact counts set [model] use)",
                 model.tokenizer,
             )
-            count = counter_for(with_model(settings))
+            settings = with_model(settings)
+            count = counter_for(settings)
         else:
             settings = with_model(settings)
             count = counter_for(settings)
         summarizer = None
         if self.summarize:
-            summarizer = Summarizer(self.backend, settings, count, self.store, self.gate, self.counting)
+            summarizer = Summarizer(self.backend, settings, self.store, self.gate, self.counting)
             summarizer.start()
-        self._setup = Setup(settings, count, summarizer, ladder(settings))
-        return self._setup
+        return Setup(settings, count, summarizer, ladder(settings))
 
     def window(self, settings: Settings) -> int:
         """The backend's window (llama.cpp's /props, vLLM's /v1/models, Ollama's /api/show),
@@ -273,7 +316,8 @@ class Service:
         except TimeoutError:
             raise SlowBody() from None
         try:  # orjson when there (a 10,000-message chat: 4 ms, not 15), guarded: nesting, items, numbers
-            body = loads(data)
+            # a long chat's body (20 MB: a tenth of a second and more) is decoded off the event loop
+            body = loads(data) if len(data) < LONG_BODY else await asyncio.to_thread(loads, data)
         except TooMany as why:
             raise ChatError(f"the request body is {why.message}") from None
         except JSONProblem as why:
@@ -298,10 +342,11 @@ class Service:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
         turn = self.parse(await self.read_json(request), request.headers)
+        lane = self.lane(len(turn.body["messages"]))
         with self.gate.live():
-            setup = await self.blocking(lambda: self.setup(str(turn.body.get("model") or "")))
-            window = await self.blocking(lambda: self.window(setup.settings))
-            session, assembled = await self.blocking(lambda: self.assemble(turn, setup, window))
+            setup = await lane.run(lambda: self.setup_of(lane, str(turn.body.get("model") or "")))
+            window = await lane.run(lambda: self.window(setup.settings))
+            session, assembled = await lane.run(lambda: self.assemble(turn, setup, window))
             own = time.monotonic() - started
             if assembled.messages is None:
                 return self.refused(session, assembled, setup)
@@ -329,6 +374,11 @@ class Service:
             probe = chat_story(turn.body)
             return None, assemble_chat(probe, setup.rungs, setup.count, window=window, max_tokens=turn.max_tokens)
         session = self.sessions.find(turn.chat)
+        with session.lock:  # its turn on another lane (the one that made it long) is done first
+            return session, self._assembled(session, turn, setup, window)
+
+    def _assembled(self, session: Session, turn: Request, setup: Setup, window: int) -> Assembled:
+        summarizer = setup.summarizer
         story = chat_story(turn.body, session.story, sent_before=session.sent)
         session.sent, session.story = turn.body.get("messages"), story
         writing = summarizer is not None and summarizer.writing(session)
@@ -344,7 +394,7 @@ class Service:
         self.say_shape(session, assembled, setup)
         if summarizer is not None:
             summarizer.want(session, story)
-        return session, assembled
+        return assembled
 
     def say_shape(self, session: Session, assembled: Assembled, setup: Setup) -> None:
         """Once a chat, when the backend's window made serve shape it otherwise than configured."""
@@ -519,7 +569,8 @@ class Service:
 
     async def _close(self, app: web.Application) -> None:
         await self.upstream.close()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        for lane in self.lanes:
+            lane.pool.shutdown(wait=False, cancel_futures=True)
 
     @web.middleware
     async def cors(

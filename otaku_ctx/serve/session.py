@@ -33,6 +33,7 @@ class Session:
     """One chat, as serve knows it across its turns."""
 
     chat: Chat
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held while a turn of it is assembled
     # its last request: the messages as sent, and the story read from them (the next request is
     # read against it, so the messages sent alike are the same objects)
     sent: Any = ()

@@ -20,7 +20,8 @@ from ..backend import Backend, BackendError, Reply
 from ..config import Settings
 from ..errors import OtakuError
 from ..story.model import Story
-from ..summarize import Plan, Progress, plan_for, prompts_of, run
+from ..story.sidecar import Record
+from ..summarize import Plan, Progress, Prompts, plan_for, prompts_of, run
 from ..summarize.commits import Commits
 from ..tokens import TokenCounter
 from .session import Session
@@ -125,22 +126,21 @@ class Work:
 class Summarizer:
     """One thread that writes the summaries chats lack, a chat at a time, newest wish first.
     What it knows of a chat is on the chat's session (`session.Session`); `counting` runs a
-    function where the turns count (one thread: counters are not shared across threads)."""
+    function with the counter of the chat's turns, on their thread (a counter is one thread's)."""
 
     def __init__(
         self,
         backend: Backend,
         settings: Settings,
-        count: TokenCounter,
         store: Store,
         gate: Gate,
-        counting: Callable[[Callable[[], Plan]], Plan],
+        counting: Callable[[Session, Callable[[TokenCounter], tuple[Plan, Prompts]]], tuple[Plan, Prompts]],
     ) -> None:
         s = settings.summarize
         # the summarizer asks the same server serve forwards to; its window is the server's
         self.settings = replace(s, url=backend.url, model=backend.model, jobs=1)
         self.backend = GatedBackend(backend, gate)
-        self.count, self.store, self.gate, self.counting = count, store, gate, counting
+        self.store, self.gate, self.counting = store, gate, counting
         self.queue: list[Session] = []  # the sessions that want summaries; the newest wish is served first
         self._lock = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="ctx-serve-summaries", daemon=True)
@@ -205,11 +205,14 @@ class Summarizer:
                 with self._lock:
                     session.working = None
 
+    def _plan(self, story: Story, records: list[Record], count: TokenCounter) -> tuple[Plan, Prompts]:
+        prompts = prompts_of(self.settings, count)
+        return plan_for(story, records, prompts, self.settings, self.backend), prompts
+
     def _summarize(self, session: Session, work: Work) -> None:
         story, key, path = work.story, session.key[:12], self.store.path(session.chat.pool)
         records = self.store.records(session.chat.pool)
-        prompts = prompts_of(self.settings, self.count)
-        chosen = self.counting(lambda: plan_for(story, records, prompts, self.settings, self.backend))
+        chosen, prompts = self.counting(session, lambda count: self._plan(story, records, count))
         with self._lock:
             session.why = ""
         if not chosen.requests:
