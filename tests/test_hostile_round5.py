@@ -16,9 +16,9 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -614,6 +614,104 @@ def test_two_serves_on_one_sidecar_write_each_scene_once_and_keep_them_all() -> 
         stand_in.stop()
 
 
+@pytest.mark.deep  # three servers' and a ctx summarize's worth of passes: in .ci/run's second step
+def test_two_serves_and_a_ctx_summarize_for_a_whole_run_keep_every_scene(tmp_path: Path) -> None:
+    """The issue's whole run: one chat played on two serves in turn as it grows, and `ctx
+    summarize` run by hand on the chat's file (ahead of both) in the middle, all on serve's
+    sidecar: each scene is asked for once, and every scene written is in the file at the end."""
+    import subprocess
+    import sys
+
+    from test_serve import StandIn
+
+    from otaku_ctx.story.sidecar import read_sidecar
+
+    stand_in = StandIn().start()
+    stand_in.window, stand_in.summary_delay = 1200, 0.02
+    servers = [Running(Service(settings_for(stand_in.url, summarize=True))) for _ in range(2)]
+
+    def play(running: Running, n: int) -> None:
+        client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30)
+        client.chat.completions.create(model="m", messages=chat(n), max_tokens=200)
+        time.sleep(0.3)
+        deadline = time.monotonic() + 60
+        while summaries_left(running):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+    try:
+        play(servers[0], 60)
+        [sidecar] = (Path(os.environ["OTAKU_HOME"]) / "chats").glob("*.ctx-summaries")
+        story = tmp_path / "chat.jsonl"
+        story.write_text("".join(json.dumps(m) + "\n" for m in chat(76)))
+        config = tmp_path / "config.toml"  # serve's [summarize] settings (test_serve.settings_for)
+        config.write_text("[summarize]\nsettle = 4\nmin_chars = 300\nmin_messages = 6\n"
+                          "summary_words = 20\nhistory_words = 20\n")  # fmt: skip
+        command = [sys.executable, "-m", "otaku_ctx", "summarize", str(story), "--summaries", str(sidecar),
+                   "--url", stand_in.url, "--model", "stand-in", "--config", str(config)]  # fmt: skip
+        before = len(stand_in.summaries)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        by_hand = len(stand_in.summaries) - before
+        play(servers[1], 76)
+        play(servers[0], 84)
+    finally:
+        for running in servers:
+            running.stop()
+        stand_in.stop()
+    records = read_sidecar(sidecar)
+    asked = [b for b in stand_in.summaries if "history" not in json.dumps(b.get("response_format") or {})]
+    assert by_hand > 0 and records[-1].end > 72  # ctx summarize wrote scenes, and serve went on after them
+    assert len(asked) == len({r.start for r in records}) == len(records)  # each asked once, and kept
+
+
+def test_a_hand_edit_made_while_serve_writes_wins_and_serve_s_pass_costs_what_it_adds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """#2 and #3 through serve itself: a summary edited by hand while serve is writing the chat's
+    scenes stays as edited; and the pass writes about what it adds (before, the whole file was
+    written again for each scene: 3.5 GB for a 1.9 MB file)."""
+    from test_serve import StandIn
+
+    from otaku_ctx.story.sidecar import read_sidecar
+    from otaku_ctx.summarize.commits import Commits
+
+    passes: list[Commits] = []
+    enter = Commits.__enter__
+
+    def kept(self: Commits) -> Commits:
+        passes.append(self)
+        return enter(self)
+
+    monkeypatch.setattr(Commits, "__enter__", kept)
+    stand_in = StandIn().start()
+    stand_in.window, stand_in.summary_delay = 1200, 0.1
+    running = Running(Service(settings_for(stand_in.url, summarize=True)))
+    try:
+        client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30)
+        client.chat.completions.create(model="m", messages=chat(60), max_tokens=200)
+        folder, deadline = Path(os.environ["OTAKU_HOME"]) / "chats", time.monotonic() + 30
+        while not list(folder.glob("*.ctx-summaries")) or not read_sidecar(next(folder.glob("*.ctx-summaries"))):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        [sidecar] = folder.glob("*.ctx-summaries")  # a scene just committed: serve asks for the next
+        lines = sidecar.read_text().splitlines()
+        first = json.loads(lines[0])
+        first["summary"] = "Edited by hand: the keeper hears the bell."
+        sidecar.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")  # as an editor would: no lock
+        time.sleep(0.2)
+        while summaries_left(running):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        running.stop()
+        stand_in.stop()
+    records = read_sidecar(sidecar)
+    assert records[0].summary == "Edited by hand: the keeper hears the bell." and len(records) > 5
+    [run] = passes
+    assert run.written <= 3 * sidecar.stat().st_size and run.appends >= len(records) - 2, (run.written, run.appends)
+
+
 def test_a_writer_killed_mid_write_leaves_no_temporary_file_for_good(tmp_path: Path) -> None:
     from otaku_ctx.summarize.commits import Commits
 
@@ -642,3 +740,94 @@ def test_events_are_cut_at_their_ends_whatever_the_chunks() -> None:
     assert half.feed(b'data: {"choi') == b""
     with pytest.raises(upstream.BadReply, match="middle of a server-sent event"):
         half.end()
+
+
+# -- #17, #18: a chat's branches are two chats that share their common summaries -----------------
+
+
+def branched(n: int, at: int) -> list[dict[str, Any]]:
+    """`chat(n)` with every message after the `at`-th its own: a SillyTavern branch made there."""
+    messages = chat(n)
+    for message in messages[at + 1 :]:
+        message["content"] = message["content"].replace("Turn", "Branch")
+    return messages
+
+
+def summaries_left(running: Running) -> int:
+    host, port = address(running)
+    connection = http.client.HTTPConnection(host, port, timeout=5)
+    connection.request("GET", "/ctx/stats")
+    return sum(c["summaries_left"] for c in json.loads(connection.getresponse().read())["chats"])
+
+
+def test_two_branches_played_in_turn_ask_each_scene_once_and_keep_their_own() -> None:
+    """A chat and a branch of it made at message 40, played in turn as they grow (and the frame
+    changing each turn, as World Info does): the branch asks only for its own scenes, each switch
+    for what the turn added, never again for the other's; after a restart each finds its own
+    file and asks for nothing."""
+    from test_serve import StandIn
+
+    stand_in = StandIn().start()
+    stand_in.window, stand_in.summary_delay = 1200, 0.02
+    asked: list[int] = []
+
+    def play(running: Running, messages: list[dict[str, Any]], turn: int) -> None:
+        before = len(stand_in.summaries)
+        messages[0]["content"] = f"You are the keeper of the lighthouse. Entry fired on turn {turn}."
+        client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30)
+        client.chat.completions.create(model="m", messages=messages, max_tokens=100)
+        deadline = time.monotonic() + 30
+        time.sleep(0.3)
+        while summaries_left(running):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(0.3)
+        asked.append(len(stand_in.summaries) - before)
+
+    running = Running(Service(settings_for(stand_in.url, summarize=True)))
+    try:
+        for turn, messages in enumerate([chat(60), branched(60, 40), chat(68), branched(68, 40), chat(68)]):
+            play(running, messages, turn)
+    finally:
+        running.stop()
+    first, branch, *switches = asked
+    assert first > branch > 0  # the branch asks for its own scenes only, after message 40
+    assert switches[0] == switches[1] > 0 and switches[2] == 0  # the eight new messages' scene; none again
+    again = Running(Service(settings_for(stand_in.url, summarize=True)))
+    try:
+        play(again, branched(68, 40), 5)
+        play(again, chat(68), 6)
+    finally:
+        again.stop()
+        stand_in.stop()
+    assert asked[-2:] == [0, 0]
+    main, fork = sorted((p.name for p in (Path(os.environ["OTAKU_HOME"]) / "chats").glob("*.ctx-summaries")), key=len)
+    assert fork.startswith(main.removesuffix(".ctx-summaries") + "-")  # the opening's file, and the branch's
+
+
+def test_an_edit_swipe_or_deletion_keeps_the_chat_a_branch_forks_it() -> None:
+    from otaku_ctx.serve.chats import Chat
+    from otaku_ctx.serve.session import Sessions
+
+    def said(*texts: str) -> list[tuple[Any, Any, Any]]:
+        return [("user" if ord(text) % 2 else "assistant", None, text) for text in texts]
+
+    sessions, chat_ = Sessions(), Chat("o1", False, "o1")
+    first = sessions.find(chat_, said(*"abcdefgh"), range(1, 9))
+    kept = {
+        "continued": said(*"abcdefghij"),
+        "swiped (the last reply not sent)": said(*"abcdefg"),
+        "an old message edited": said(*"abcXefgh"),
+        "one deleted": said(*"abdefgh"),
+        "one put in": said(*"abcXdefgh"),
+        "the newest edited": said(*"abcdefgX"),
+        "the newest but one edited, its reply gone": said(*"abcdefX"),
+    }
+    for how, dialogue in kept.items():
+        assert sessions.find(chat_, dialogue, range(1, len(dialogue) + 1)) is first, how
+        sessions.find(chat_, said(*"abcdefgh"), range(1, 9))
+    branch = sessions.find(chat_, said(*"abcXY"), range(1, 6))  # branched at the fourth, and went on
+    assert branch is not first and branch.pool.startswith("o1-") and branch.inherits == "o1"
+    assert sessions.find(chat_, said(*"abcdefghij"), range(1, 11)) is first
+    assert sessions.find(chat_, said(*"abcXYZ"), range(1, 7)) is branch
+    assert len(sessions) == 2

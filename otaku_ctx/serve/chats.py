@@ -155,6 +155,20 @@ def chat_story(
     return Story(path=Path("chat"), messages=tuple(messages), system=system, source_format="openai")
 
 
+def dialogue_of(body: Mapping[str, Any]) -> tuple[list[tuple[Any, Any, Any]], list[int]]:
+    """The request's dialogue as a branch is told by: each user and assistant message after the
+    frame as (role, name, content), and its number in the story (`chat_story` numbers every
+    message after the frame). System messages are left out: SillyTavern moves its Author's Note
+    and World Info entries "@depth" from turn to turn, which is no new branch."""
+    given = body.get("messages") or ()
+    dialogue, numbers = [], []
+    for number, raw in enumerate(given[len(frame_of(body)) :], 1):
+        if isinstance(raw, dict) and raw.get("role") in ("user", "assistant"):
+            dialogue.append((raw.get("role"), raw.get("name"), raw.get("content")))
+            numbers.append(number)
+    return dialogue, numbers
+
+
 #: the uid of the lore entry that carries a frame's moving parts
 FRAME_ENTRY = "ctx-serve-frame"
 

@@ -37,7 +37,7 @@ from ..story.model import Story
 from ..summarize import options_of
 from ..tokens import TokenCounter
 from .assemble import Assembled, assemble_chat, ladder
-from .chats import Chat, ChatError, FramePart, chat_story, frame_of, framed, identify
+from .chats import Chat, ChatError, FramePart, chat_story, dialogue_of, frame_of, framed, identify
 from .logs import log_to_stderr, unquoted
 from .session import Session, Sessions
 from .stats import StreamUsage, Turn, Usage
@@ -369,11 +369,10 @@ class Service:
         """On the worker thread: the chat's session found (none for a probe), its story read
         against the last one, its scenes (the summaries, else provisional ones), its frame
         placed, and the turn assembled; then its summaries wished for."""
-        summarizer = setup.summarizer
         if turn.chat.probe:  # a connection test: answered as it is, remembered nowhere
             probe = chat_story(turn.body)
             return None, assemble_chat(probe, setup.rungs, setup.count, window=window, max_tokens=turn.max_tokens)
-        session = self.sessions.find(turn.chat)
+        session = self.sessions.find(turn.chat, *dialogue_of(turn.body))
         with session.lock:  # its turn on another lane (the one that made it long) is done first
             return session, self._assembled(session, turn, setup, window)
 

@@ -3,6 +3,13 @@ format `ctx summarize` writes (`story/sidecar.py`), so either can read and exten
 It is the only thing `ctx serve` writes (`summarize.commits.Commits` writes it, under the lock
 `ctx summarize` takes too).
 
+Each branch of an opening has its own file (`Session.pool`): `<pool>.ctx-summaries` the first,
+`<pool>-<branch>.ctx-summaries` a fork, which reads its parent's scenes before the fork point
+until its own file is written (`Store.records_of`). A chat serve meets for the first time (after
+a restart) takes the file of its opening that tells it best: none of its scenes stale, the most
+fresh; if each has a stale one, it is a branch whose file was never written, and it forks at
+the first stale scene (`Store.story`).
+
 A chat's scenes (`Store.story`) are its sidecar's records judged against its messages — fresh,
 touched, and stale ones too (after an edit, a stale summary serves until it is redone) — and,
 for the settled messages no record covers yet, provisional scenes of ctx's own: each scene's
@@ -24,6 +31,7 @@ from ..story.sidecar import SUFFIX, Judged, Record, judge, read_sidecar
 from ..summarize import Cutting, pack
 from ..summarize.extract import history_extract, summary_extract
 from ..tokens import common_length
+from .chats import digest
 from .session import MOST_SESSIONS, Session
 
 #: a provisional scene's `source` (`Scene.source`): ctx's extract, standing in for the model's
@@ -67,6 +75,37 @@ class Store:
                 del self._read[next(iter(self._read))]
         return records
 
+    def records_of(self, session: Session, story: Story) -> tuple[list[Record], bool]:
+        """A chat's records, and whether they are its own file's: until a fork's own file is
+        written, its parent's records that are not stale for it (a branch's own scenes are)."""
+        if session.inherits is None or self.path(session.pool).exists():
+            return self.records(session.pool), True
+        parent = self.records(session.inherits)
+        stale = {r.id for r in judge(story, parent).stale}
+        return [r for r in parent if r.id not in stale], False
+
+    def place(self, session: Session, story: Story) -> None:
+        """A chat's file, on its first turn and when its file turns out to tell another branch:
+        of its opening's files the one none of whose scenes is stale for it, with the most
+        scenes; else a fork of the file it reads (its scenes before the branch point shared)."""
+        session.placed = True
+        main = session.chat.pool
+        best: tuple[int, str] | None = None
+        for path in sorted(self.folder.glob(f"{main}*{SUFFIX}")):
+            pool = path.name[: -len(SUFFIX)]
+            if pool == main or pool.startswith(f"{main}-"):
+                judged = judge(story, self.records(pool))
+                if not judged.stale and len(judged.usable) > (best[0] if best else -1):
+                    best = (len(judged.usable), pool)
+        if best is not None:
+            session.own_pool, session.inherits = ("" if best[1] == main else best[1]), None
+            return
+        judged = judge(story, self.records_of(session, story)[0])
+        if another_branch(judged):
+            at = judged.stale[0].start
+            said = story.messages[at - 1].content if at <= len(story.messages) else ""
+            session.inherits, session.own_pool = session.pool, f"{main}-{digest([session.pool, at, said])[:10]}"
+
     def story(self, session: Session, story: Story, *, hold: bool) -> Story:
         """The chat with its scenes: the sidecar's records that still tell its messages, then
         provisional ones up to its settled end. `hold`: the summarizer is writing this chat's
@@ -75,7 +114,11 @@ class Store:
         if hold and session.held is not None:
             records = session.held
         else:
-            records = session.held = self.records(session.chat.pool)
+            records = self.records_of(session, story)[0]
+            if not session.placed or another_branch(self._judged(session, story, records)):
+                self.place(session, story)
+                records = self.records_of(session, story)[0]
+            session.held = records
         judged = self._judged(session, story, records)
         known = session.scenes
         if known is not None and known[1] is judged and not any(x.source == PROVISIONAL for x in known[2]):
@@ -101,6 +144,16 @@ class Store:
         if judged.fresh == tuple(records):  # each fresh where it stands: more messages after change none
             session.judged = (records, story.messages, judged)
         return judged
+
+
+def another_branch(judged: Judged) -> bool:
+    """Whether a file's stale scenes tell another branch of the chat: two or more, and none of
+    its scenes fresh after the first of them (an edit leaves the scenes after it fresh, and its
+    stale scene serves until it is redone)."""
+    if len(judged.stale) < 2:
+        return False
+    first = judged.stale[0].start
+    return not any(r.start > first for r in judged.usable)
 
 
 def scenes_of(

@@ -210,8 +210,8 @@ class Summarizer:
         return plan_for(story, records, prompts, self.settings, self.backend), prompts
 
     def _summarize(self, session: Session, work: Work) -> None:
-        story, key, path = work.story, session.key[:12], self.store.path(session.chat.pool)
-        records = self.store.records(session.chat.pool)
+        story, key, path = work.story, session.key[:12], self.store.path(session.pool)
+        records, own = self.store.records_of(session, story)
         chosen, prompts = self.counting(session, lambda count: self._plan(story, records, count))
         with self._lock:
             session.why = ""
@@ -225,7 +225,7 @@ class Summarizer:
         log.info("chat %s: writing summaries: %d scenes, %d requests", key, len(chosen.spans), len(chosen.requests))
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with Commits(path, records) as commits:  # the lock ctx summarize takes too; merged, appended
+            with Commits(path, records if own else []) as commits:  # the lock ctx summarize takes too; merged, appended
                 report = run(chosen, self.backend, prompts, commits.commit, progress)
         except BackendError as error:
             raise OtakuError(str(error)) from None
