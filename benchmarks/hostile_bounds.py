@@ -141,7 +141,16 @@ CASES: dict[str, list[str]] = {
         f"{R5}::test_an_event_with_no_end_is_an_error_past_its_bound",
         f"{R5}::test_a_compressed_stream_is_bounded_as_a_body_is",
     ],
-    "s10": [f"{R5}::test_a_request_of_more_messages_than_any_story_is_a_413_at_once"],
+    "s1-4": [
+        f"{R5}::test_two_serves_on_one_sidecar_write_each_scene_once_and_keep_them_all",
+        f"{R5}::test_two_serves_and_a_ctx_summarize_for_a_whole_run_keep_every_scene",
+        f"{R5}::test_a_hand_edit_made_while_serve_writes_wins_and_serve_s_pass_costs_what_it_adds",
+        f"{R5}::test_a_writer_killed_mid_write_leaves_no_temporary_file_for_good",
+    ],
+    "s10": [
+        f"{R5}::test_a_request_of_more_messages_than_any_story_is_a_413_at_once",
+        f"{R5}::test_a_long_chat_s_turn_holds_up_no_other_chat_s",
+    ],
     "s11": [f"{R5}::test_many_chats_keep_a_bounded_number_of_sessions"],
     "s12": [f"{R5}::test_sigterm_with_a_stalled_stream_takes_shutdown_at_most"],
     "s13-15": [
@@ -151,6 +160,10 @@ CASES: dict[str, list[str]] = {
         f"{R5}::test_json_nested_deep_in_a_passed_through_field_is_a_400",
     ],
     "s16": [f"{R5}::test_a_window_past_any_model_s_is_the_server_s_error"],
+    "s17-18": [
+        f"{R5}::test_two_branches_played_in_turn_ask_each_scene_once_and_keep_their_own",
+        f"{R5}::test_an_edit_swipe_or_deletion_keeps_the_chat_a_branch_forks_it",
+    ],
 }
 
 

@@ -129,7 +129,7 @@ class Pipeline:
         self.settings, self.emit = settings, emit
         self.count = count or counter_for(settings)
         self.shape, self.rules = c.shape(), settings.lore.rules()
-        self.policy = replace(c.policy(), hold=hold)
+        self.policy, self.recall = replace(c.policy(), hold=hold), c.recalling()
         # the parts' derived prices, kept from one build to the next (keyed by all they depend on
         # but the counter, so a pipeline of other settings and the same counter may share them)
         self.prices = prices or Prices()
@@ -170,7 +170,9 @@ class Pipeline:
         renderer = prepared.renderer(lore, budget.reserve, self.count)
         pricer = TemplatePricer(renderer, self.count, prices=self.prices)
         policy = self.policy if resume is None else replace(self.policy, resume=resume)
-        a = assemble(prepared.story, self.shape, budget.limit, pricer, reserve=budget.reserve, policy=policy)
+        a = assemble(
+            prepared.story, self.shape, budget.limit, pricer, reserve=budget.reserve, policy=policy, recall=self.recall
+        )
         return Attempt(prepared, budget, lore, renderer, pricer, a)
 
     def fit(self, prepared: Prepared, resume: Walked | None = None) -> Attempt:

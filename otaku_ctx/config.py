@@ -19,7 +19,7 @@ from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from .assemble import CACHES, Policy, Shape
+from .assemble import CACHES, Policy, Recall, Shape
 from .errors import ConfigError, UsageError
 from .locations import config_path
 from .lore.rules import ENGINE_DEFAULTS, ENGINES, STRATEGIES, Engine, LoreRules, Strategy
@@ -85,6 +85,9 @@ class ContextSettings:
         "cache",
     )
     cache_slack: float = setting(0.03, "stable: share of the limit left free when the shape changes (0 to 1)", "share")
+    recall: float = setting(
+        0.0, "share of the limit for the older messages and summaries the newest recall (0 = off, to 0.5)", "share"
+    )
 
     def shape(self) -> Shape:
         """The seed's numbers, as the assembler takes them."""
@@ -93,6 +96,10 @@ class ContextSettings:
     def policy(self) -> Policy:
         """How the assembler chooses among the candidates that fit."""
         return Policy("stable" if self.cache == "stable" else "exact", self.cache_slack)
+
+    def recalling(self) -> Recall:
+        """What the assembler may recall of what a prompt leaves out (seed 000's other pools)."""
+        return Recall(min(0.5, self.recall))
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from .assemble.steps import (
     Held,
     LevelsOverflow,
     NoHistory,
+    Recalled,
     Refused,
     SameChain,
     Step,
@@ -84,6 +85,21 @@ def _tried(step: Tried) -> str:
     return f"{what} — {step.tokens:,} > {step.limit:,} tokens" + (" (rendered)" if step.rendered else "")
 
 
+def _recalled(step: Recalled) -> str:
+    asked = f"the messages before {step.at + 1:,}" if step.at else "the newest messages"
+    if not step.taken:
+        left = f"{step.candidates:,} older messages and summaries left out"
+        return f"recall: none of the {left} shares a rare word with {asked}"
+    shown = []
+    for kind, ref, who, score, words in step.taken:
+        what = f"message {ref:,} ({who})" if kind == "message" and isinstance(ref, int) else f"scene {ref}'s summary"
+        shown.append(f"{what}: {', '.join(words[:4])} (score {score:g})")
+    return (
+        f"recall: {len(step.taken)} of {step.candidates:,} left out, for {asked} — {step.tokens:,} of "
+        f"{step.budget:,} tokens: " + "; ".join(shown)
+    )
+
+
 def describe(step: Step, remedy: Remedy | None = None) -> str:
     """One step of the search as a sentence (a refusal with its `remedy`, when it has one)."""
     match step:
@@ -136,6 +152,8 @@ def describe(step: Step, remedy: Remedy | None = None) -> str:
                 f"{step.room:,} tokens of room (slack at a change: {step.slack:,}), about {step.turns} more "
                 "messages before it must change"
             )
+        case Recalled():
+            return _recalled(step)
         case Refused():
             return "case 6: " + explain_refusal(step.refusal, remedy=remedy)
     raise TypeError(f"not a step: {step!r}")

@@ -760,6 +760,7 @@ def summaries_left(running: Running) -> int:
     return sum(c["summaries_left"] for c in json.loads(connection.getresponse().read())["chats"])
 
 
+@pytest.mark.deep  # six passes of summaries and a restart: in .ci/run's second step
 def test_two_branches_played_in_turn_ask_each_scene_once_and_keep_their_own() -> None:
     """A chat and a branch of it made at message 40, played in turn as they grow (and the frame
     changing each turn, as World Info does): the branch asks only for its own scenes, each switch

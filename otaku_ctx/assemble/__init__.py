@@ -35,9 +35,11 @@ from dataclasses import replace
 
 from ..story.model import Story
 from .parts import CACHES, Assembly, Part, Policy, Pricer, Refusal, SceneRef, Shape, Walked
+from .recall import Recall, recalled
 from .search import Search
-from .sections import cards_in, covered_chain, head, recap_at_level, rungs, tail
+from .sections import capped_sum, cards_in, covered_chain, head, recap_at_level, rungs, tail
 from .stable import Stable
+from .steps import Held
 
 __all__ = [
     "CACHES",
@@ -45,6 +47,7 @@ __all__ = [
     "Part",
     "Policy",
     "Pricer",
+    "Recall",
     "Refusal",
     "SceneRef",
     "Shape",
@@ -78,6 +81,13 @@ def classify(assembly: Assembly, shape: Shape) -> int:
     return 4 if assembly.level else 3
 
 
+def _verbatim_fits(story: Story, shape: Shape, limit: int, reserve: int, pricer: Pricer) -> bool:
+    """Whether every message, verbatim, fits `limit` by its parts' prices (cases 1 and 2): then
+    nothing is left out for recall to bring back."""
+    costs = Search(story, shape, limit, reserve, pricer).verbatim_costs(story.messages, None)
+    return capped_sum(costs, limit - pricer.fixed())[1]
+
+
 def assemble(
     story: Story,
     shape: Shape,
@@ -86,13 +96,30 @@ def assemble(
     *,
     reserve: int = 0,
     policy: Policy = Policy(),  # noqa: B008 - frozen
+    recall: Recall = Recall(),  # noqa: B008 - frozen
 ) -> Assembly:
     """Build the plan of the prompt for `story` within `limit` tokens (cases 1–6), choosing
-    among the candidates that fit by `policy` (the exact search, or the stable one).
+    among the candidates that fit by `policy` (the exact search, or the stable one); then,
+    with `recall` on, what the newest messages recall of what it left out (`recall.py`), in
+    the share of the limit the cases were made to leave free (all of it when they cannot).
 
     Case 6 does not raise: the returned Assembly has `case == 6` and a `refusal`.
     """
-    search = Search(story, shape, limit, reserve, pricer)
     stable = policy.cache == "stable"
-    found = Stable(search, policy.slack, policy.resume, policy.hold).assemble() if stable else search.ladder()
+
+    def search(within: int) -> Assembly:
+        search = Search(story, shape, within, reserve, pricer)
+        return Stable(search, policy.slack, policy.resume, policy.hold).assemble() if stable else search.ladder()
+
+    kept = recall.reserve(limit)
+    if kept and not _verbatim_fits(story, shape, limit, reserve, pricer):
+        found = search(limit - kept)
+        if found.refusal is None and found.recap:
+            # the stable policy asks the newest messages of the turn its shape was taken, so what is
+            # recalled changes only with the recap, within the share kept (the tail grows into the rest)
+            at = next((s.since for s in found.steps if isinstance(s, Held)), len(story)) if stable else len(story)
+            budget = kept if stable else limit - found.tokens
+            found = recalled(story, replace(found, limit=limit), pricer, recall, limit=limit, at=at, budget=budget)
+            return replace(found, case=classify(found, shape))
+    found = search(limit)
     return replace(found, case=classify(found, shape))

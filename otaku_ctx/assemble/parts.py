@@ -9,7 +9,7 @@ from typing import Literal, Protocol
 from ..story.model import Message, Role, Scene
 from .steps import ChainStop, Step
 
-PartKind = Literal["message", "card", "summary", "history"]
+PartKind = Literal["message", "card", "summary", "history", "recall"]
 SceneRef = int | str
 Cache = Literal["exact", "stable"]
 CACHES: tuple[str, ...] = ("exact", "stable")
@@ -75,7 +75,8 @@ class Walked:
 @dataclass(frozen=True)
 class Part:
     """One piece of the prompt after the system message: a message or card verbatim, a scene's
-    summary, or a scene's history (the story so far through that scene)."""
+    summary, or a scene's history (the story so far through that scene); or, recalled
+    (`recall.py`), an older message or a scene's summary that the recap leaves out."""
 
     kind: PartKind
     message: Message | None = None
@@ -148,6 +149,7 @@ class Assembly:
     reserve: int
     head: tuple[Message, ...] = ()
     recap: tuple[Part, ...] = ()  # floated cards, history, then cards + summaries, in order
+    recall: tuple[Part, ...] = ()  # recalled history entries (by relevance), then messages (`recall.py`)
     tail: tuple[Message, ...] = ()
     tail_target: int = 0
     level: int = 0  # 0 = all summaries; k = scene k's history stands in for summaries 1..k
@@ -161,7 +163,7 @@ class Assembly:
     @property
     def parts(self) -> tuple[Part, ...]:
         """Every part in prompt order (the system message is the pricer's fixed cost)."""
-        return tuple(map(Part.verbatim, self.head)) + self.recap + tuple(map(Part.verbatim, self.tail))
+        return tuple(map(Part.verbatim, self.head)) + self.recap + self.recall + tuple(map(Part.verbatim, self.tail))
 
     @property
     def history(self) -> Scene | None:

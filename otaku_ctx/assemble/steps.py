@@ -131,6 +131,18 @@ class Held(NamedTuple):
     turns: int
 
 
+class Recalled(NamedTuple):
+    """What the newest messages at turn `at` recalled (`recall.py`): of `candidates` left out,
+    each taken one as (its kind: "message" or "scene", its number or scene ref, its speaker,
+    its score, the rare words it shares with them), within `budget` tokens, `tokens` spent."""
+
+    at: int
+    candidates: int
+    budget: int
+    tokens: int
+    taken: tuple[tuple[str, SceneRef, str, float, tuple[str, ...]], ...]
+
+
 class Refused(NamedTuple):
     """Case 6."""
 
@@ -148,5 +160,6 @@ Step = (
     | NoHistory
     | FitsRendered
     | Held
+    | Recalled
     | Refused
 )

@@ -141,6 +141,10 @@ _shared("tail", int | None, "context.min_tail_messages", metavar="N", help="Rece
 _shared("reserve", str | None, "context.reply_reserve", metavar="TOKENS|auto", help="Tokens kept free for the reply.")
 _shared("cache", str | None, "context.cache", metavar="exact|stable", help="How the shape is chosen (docs/caching.md).")
 _shared(
+    "recall", float | None, "context.recall", metavar="SHARE",
+    help="Share of the limit for older messages and summaries the newest recall (0 = off; docs/lore.md).",
+)  # fmt: skip
+_shared(
     "use",
     str | None,
     "model.use",

@@ -21,7 +21,7 @@ EMITS = ("text", "messages", "openai-chat", "openai-completion")
 
 
 def sections(a: Assembly) -> tuple[list[Part], list[Part], list[Part]]:
-    return [Part.verbatim(m) for m in a.head], list(a.recap), [Part.verbatim(m) for m in a.tail]
+    return [Part.verbatim(m) for m in a.head], [*a.recap, *a.recall], [Part.verbatim(m) for m in a.tail]
 
 
 @dataclass

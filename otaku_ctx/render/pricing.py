@@ -257,7 +257,7 @@ class TemplatePricer:
     def blocks(self, assembly: Assembly) -> list[Block]:
         """The assembly's blocks; the last one rendered for `exact` is kept, since the
         candidate that was counted is the one that is emitted."""
-        key = (assembly.head, assembly.recap, assembly.tail)
+        key = (assembly.head, assembly.recap, assembly.recall, assembly.tail)
         if self._rendered is None or self._rendered[0] != key:
             self._rendered = (key, self.renderer.blocks(assembly))
         return self._rendered[1]

@@ -98,6 +98,8 @@ class Variables:
     def entry(self, part: Part) -> dict[str, Any]:
         """One `chatMessages` entry: role, name, message, and what it is."""
         m, scene = part.message, part.scene
+        if part.kind == "recall":
+            return self.recalled(part)
         if part.kind == "card" and m and m.card:
             return {"role": "system", "name": m.card.name, "message": self.card_text(m.card), "kind": "card",
                     "number": m.number, "scene": None, "title": ""}  # fmt: skip
@@ -109,6 +111,25 @@ class Variables:
             text = scene.summary if part.kind == "summary" else scene.history
             return {"role": "system", "name": "", "message": self.names.fill(text), "kind": part.kind,
                     "number": None, "scene": scene.ref, "title": scene.title}  # fmt: skip
+        raise ValueError(f"cannot render {part!r}")
+
+    def recalled(self, part: Part) -> dict[str, Any]:
+        """A recalled entry (`assemble/recall.py`): a system entry of kind "recall" that says
+        what it is — an earlier message with who spoke and when, or a scene's summary."""
+        m, scene = part.message, part.scene
+        if m is not None:
+            who = self.names.speaker_as(m.role, m.name)
+            when = f" · {m.sent.date().isoformat()}" if m.sent is not None else ""
+            heading = f"[Earlier, message {m.number:,}{' · ' + who if who else ''}{when}]"
+            text = self.names.fill(m.content)
+            return {"role": "system", "name": "", "message": f"{heading}\n{text}", "kind": "recall",
+                    "number": m.number, "scene": None, "title": "", "speaker": who, "text": text}  # fmt: skip
+        if scene is not None:
+            title = f" · {scene.title}" if scene.title else ""
+            text = self.names.fill(scene.summary)
+            return {"role": "system", "name": "", "message": f"[Earlier, scene {scene.ref}{title}]\n{text}",
+                    "kind": "recall", "number": None, "scene": scene.ref, "title": scene.title, "speaker": "",
+                    "text": text}  # fmt: skip
         raise ValueError(f"cannot render {part!r}")
 
     def label(self, role: Role, name: str | None, text: str) -> str:
@@ -233,6 +254,14 @@ class Variables:
         recap_list = ([{"scene": history["scene"], "history": history["message"]}] if history else []) + [
             {"scene": s["scene"], "title": s["title"], "summary": s["summary"]} for s in summaries
         ]
+        # seed 000's `history`: then the recalled history entries by relevance, and the recalled
+        # messages (its template shows no system entry of chatMessages)
+        for e in recap_e:
+            if e["kind"] == "recall" and e["scene"] is not None:
+                recap_list.append({"scene": e["scene"], "title": e["title"], "summary": e["text"]})
+        for e in recap_e:
+            if e["kind"] == "recall" and e["number"] is not None:
+                recap_list.append({"message": e["number"], "name": e["speaker"], "text": e["text"]})
         variables = dict(self.fixed)
         variables.update(
             {

@@ -47,18 +47,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-WORD = re.compile(r"\w+(?:['’]\w+)*", re.UNICODE)
+from ..story.words import NUMBER, STOPWORDS, WORD
+
 NAME = re.compile(r"\b[A-Z][\w'’-]+", re.UNICODE)
-# Words that tell nothing of a scene: too common to count as the scene's own.
-STOPWORDS = frozenset(
-    """a about after again all also an and any are as at be because been before being but by can
-    could did do does each even ever every for from had has have he her here hers him his how i if
-    in into is it its just like made make many may me more most much must my never no not now of
-    off on once one only or other our out over own said same she should so some still such than
-    that the their them then there these they this those through to too under until up upon very
-    was we were what when where which while who whom why will with would you your scene story
-    summary history recap""".split()
-)
 # Capitalised words that name no one: the pronoun I, the days and months, titles before a name.
 NOT_NAMES = frozenset(
     """i i'm i'd i'll i've monday tuesday wednesday thursday friday saturday sunday january february
@@ -99,7 +90,6 @@ INVENTED_SHARE = 1 / 3  # names the scene never has, more than this share of the
 # English function words (STOPWORDS) are 45 to 50 % of the words of otaku's sample scenes, none
 # of a German or Russian scene's.
 ENGLISH_SHARE = 0.25  # a scene at least this share of whose words are English function words reads as English
-NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
 POSSESSIVE = re.compile(r"['’]s$")
 SENTENCE_STARTS = frozenset(".!?:;]\"“'‘(*-–—")  # a capitalised word after one of these may start a sentence
 NAME_STARTS = frozenset(".!?:]\"“'‘")  # ... for finding a scene's named characters (Scene.of), fewer

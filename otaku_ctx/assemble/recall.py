@@ -1,0 +1,216 @@
+"""Seed 000's other pools: the older messages and the history entries a prompt leaves out,
+recalled when the newest messages speak of them (issue 36).
+
+"Every candidate — world lore, character lore, and history entries, plus older chat messages —
+is scored this way, merged into one ranked pool, and filled greedily until either a
+per-content-type count cap (... 10 history entries, and 50 messages) or the available token
+budget is reached", and "the most recent 10 messages in a chat are always included". ctx's
+lore has its own ranking and caps (`lore/keyword.py`); this is the rest of the pool:
+
+- **older messages**: those the prompt left out — after the head, before the tail, never the
+  newest `NEWEST` (a card is never one: cards are placed by the cases);
+- **history entries**: the scenes' summaries the prompt left out — those a story-so-far
+  stands in for (case 4), and those of scenes outside the covered chain.
+
+Each is scored against the newest `NEWEST` messages (the query) by the keyword engine's
+signals: the words it shares with them that are rare among the candidates (its hits), their
+TF-IDF weight, the names among them, the query's speakers it shares, and how recently the
+query used them. A candidate that shares no rare word is not recalled. They are filled in rank
+order within the caps and `Recall.share` of the limit, which the cases leave free for them.
+
+Where they go: after the recap, before the tail — history entries in relevance order, then
+messages in story order, each with who spoke and when. The prefix the cases keep from turn to
+turn (system, head, recap) is before them. Under the stable cache policy the query is the
+newest messages *at the turn the held shape was taken* (`Held.since`), so what is recalled
+changes only when the recap does and the prompt's prefix holds; the exact policy asks each
+turn's own newest messages.
+
+A pure function of the story and the assembly: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from ..story.model import Message, Story
+from ..story.words import STOPWORDS, WORD
+from .parts import Assembly, Part, Pricer, SceneRef
+from .steps import Recalled
+
+#: the newest messages: always in the prompt (never recalled), and what a candidate is scored against
+NEWEST = 10
+#: seed 000's caps of the pools here (its lore's, 20 and 15, are `lore/`'s)
+MOST_HISTORY = 10
+MOST_MESSAGES = 50
+#: a word is rare among the candidates when at most this share of them hold it (and 2)
+RARE_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class Recall:
+    """`[context] recall`: the share of the limit the cases leave for recalled text (0: none),
+    and the seed's caps."""
+
+    share: float = 0.0
+    history: int = MOST_HISTORY
+    messages: int = MOST_MESSAGES
+
+    def reserve(self, limit: int) -> int:
+        """The tokens kept for recall out of `limit`."""
+        return max(0, int(limit * self.share))
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One candidate as ranked: its part (`Part("recall", message=…)` or `scene=…`), its score,
+    and the words it shares with the query that are rare among the candidates, rarest first."""
+
+    part: Part
+    score: float
+    words: tuple[str, ...]
+
+    @property
+    def at(self) -> int:
+        """Where it stands in the story: the message's number, the scene's first message."""
+        return self.part.message.number if self.part.message else self.part.scene.start if self.part.scene else 0
+
+
+@lru_cache(maxsize=1 << 16)
+def words_of(text: str) -> frozenset[str]:
+    """A text's content words, lower-cased: no function word, none shorter than 3 letters."""
+    return frozenset(w for w in map(str.lower, WORD.findall(text)) if len(w) > 2 and w not in STOPWORDS)
+
+
+@lru_cache(maxsize=1 << 16)
+def names_of(text: str) -> frozenset[str]:
+    """A text's capitalised content words, lower-cased: its names, loosely (a sentence's first
+    word too)."""
+    return frozenset(w.lower() for w in WORD.findall(text) if w[0].isupper() and w.lower() not in STOPWORDS)
+
+
+def candidates(story: Story, assembly: Assembly, at: int) -> list[Part]:
+    """What the prompt left out that may be recalled at turn `at` (the query's last message):
+    the messages after the head and before the tail, but the newest `NEWEST` and the cards;
+    the summaries no recap part shows, of scenes after the head and before the tail."""
+    first = len(assembly.head) + 1
+    last = min(assembly.tail[0].number if assembly.tail else assembly.messages + 1, at - NEWEST + 1) - 1
+    messages = [Part("recall", message=m) for m in story.messages[first - 1 : last] if m.card is None]
+    shown = {id(p.scene) for p in assembly.recap if p.kind == "summary"}
+    before = assembly.tail[0].number if assembly.tail else assembly.messages + 1
+    scenes = [
+        Part("recall", scene=s)
+        for s in story.scenes
+        if s.summary.strip() and id(s) not in shown and s.start >= first and s.end < before
+    ]
+    return scenes + messages
+
+
+def rank(parts: Sequence[Part], query: Sequence[Message]) -> list[Ranked]:
+    """The candidates that share a rare word with the query, best first (ties: the earlier).
+
+    A query word weighs by how recently it was said: 1 in the newest message, 1/2 in the one
+    before, and so on, added over the messages that say it (the newest message is what the
+    reply answers). A candidate scores the weights of its rare words (its hits) and of its
+    names among them, their TF-IDF (the weight times the word's rarity among the candidates),
+    the query's speakers it shares, and the recency of the newest query message it answers."""
+    asked: dict[str, float] = {}
+    age: dict[str, int] = {}  # each query word's newest message, 0 the newest
+    named: set[str] = set()
+    speakers = {m.name.lower() for m in query if m.name}
+    for n, m in enumerate(reversed(query)):
+        for w in words_of(m.content):
+            asked[w] = asked.get(w, 0.0) + 1 / (1 + n)
+            age.setdefault(w, n)
+        named |= names_of(m.content)
+    texts = [_text(p) for p in parts]
+    shared = [words_of(t) & asked.keys() for t in texts]
+    frequency: Counter[str] = Counter()
+    for found in shared:
+        frequency.update(found)
+    rare_at = max(2, int(len(parts) * RARE_SHARE))
+    ranked: list[Ranked] = []
+    for part, text, found in zip(parts, texts, shared, strict=True):
+        rare = sorted((w for w in found if frequency[w] <= rare_at), key=lambda w: (frequency[w], w))
+        if not rare:
+            continue
+        hits = sum(asked[w] for w in rare)
+        names = sum(asked[w] for w in found & named & names_of(text))
+        tfidf = sum(asked[w] * (math.log((1 + len(parts)) / (1 + frequency[w])) + 1) for w in found)
+        if part.message is not None:  # its speaker is in the scene
+            together = 0.5 if (part.message.name or "").lower() in speakers else 0.0
+        else:  # the scene's people are named in it
+            together = 0.5 * sum(s in text.lower() for s in speakers)
+        recency = 1 / (1 + min(age[w] for w in rare))
+        score = hits + names + together + tfidf / 4 + recency
+        ranked.append(Ranked(part, round(score, 3), tuple(rare)))
+    ranked.sort(key=lambda r: (-r.score, r.at))
+    return ranked
+
+
+def _text(part: Part) -> str:
+    return part.message.content if part.message else part.scene.summary if part.scene else ""
+
+
+def fill(ranked: Sequence[Ranked], budget: int, pricer: Pricer, recall: Recall) -> list[Ranked]:
+    """The ranked candidates taken in order while their prices fit `budget` and their kind's
+    cap is not reached (one that does not fit is passed over for a smaller one after it)."""
+    caps = {"history": recall.history, "message": recall.messages}
+    taken: Counter[str] = Counter()
+    chosen: list[Ranked] = []
+    spent = 0
+    for item in ranked:
+        kind = "message" if item.part.message else "history"
+        if taken[kind] >= caps[kind]:
+            continue
+        cost = pricer.recap_part(item.part)
+        if spent + cost > budget:
+            continue
+        chosen.append(item)
+        spent += cost
+        taken[kind] += 1
+    return chosen
+
+
+def in_order(chosen: Sequence[Ranked]) -> tuple[Part, ...]:
+    """As the prompt holds them: history entries by relevance, then messages in story order."""
+    history = [r.part for r in chosen if r.part.scene is not None]
+    messages = sorted((r for r in chosen if r.part.message is not None), key=lambda r: r.at)
+    return (*history, *(r.part for r in messages))
+
+
+def recalled(
+    story: Story, assembly: Assembly, pricer: Pricer, recall: Recall, *, limit: int, at: int, budget: int
+) -> Assembly:
+    """`assembly` with what the newest messages at turn `at` recall, within `budget` tokens and
+    the whole prompt within `limit` (counted exactly; the lowest-ranked goes while it is over),
+    and a `Recalled` step saying what and why."""
+    if assembly.refusal is not None or not assembly.recap:
+        return assembly
+    parts = candidates(story, assembly, at)
+    query = story.messages[max(0, at - NEWEST) : at]
+    chosen = fill(rank(parts, query), budget, pricer, recall) if parts and budget > 0 else []
+    found, tokens = assembly, assembly.tokens
+    while chosen:
+        found = replace(assembly, recall=in_order(chosen))
+        tokens = pricer.exact(found)
+        if tokens <= limit:
+            break
+        chosen.pop()
+    if not chosen:
+        found, tokens = assembly, assembly.tokens
+    taken = tuple(_taken(r) for r in chosen)
+    step = Recalled(at, len(parts), budget, tokens - assembly.tokens, taken)
+    costs = {**assembly.costs, "recall": tokens - assembly.tokens}
+    return replace(found, tokens=tokens, costs=costs, steps=(*assembly.steps, step))
+
+
+def _taken(r: Ranked) -> tuple[str, SceneRef, str, float, tuple[str, ...]]:
+    m, scene = r.part.message, r.part.scene
+    if m is not None:
+        return ("message", m.number, m.name or m.role, r.score, r.words)
+    assert scene is not None
+    return ("scene", scene.ref, "", r.score, r.words)

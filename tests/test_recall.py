@@ -1,0 +1,133 @@
+"""Recall (issue 36): seed 000's older-message and history pools — the caps, the newest-10
+rule, where recalled text goes, what the stable policy keeps, and that it never refuses."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from otaku_ctx.assemble import Assembly, Part
+from otaku_ctx.assemble.recall import NEWEST, Recall, candidates, fill, rank
+from otaku_ctx.build import Pipeline
+from otaku_ctx.config import ContextSettings, ModelSettings, PromptSettings, Settings
+from otaku_ctx.report import describe
+from otaku_ctx.story.model import Message, Scene, Story
+
+FILLER = ["We talked about the weather and the week, nothing much.", "The week was long and the weather was grey."]
+FACT = "My sister Odile moved to Tallinn last week."
+QUESTION = "Remind me, which sister moved to Tallinn?"
+
+
+def story(n: int = 200, fact_at: int = 30, facts: dict[int, str] | None = None, scene: int = 10) -> Story:
+    """`n` messages of small talk by turns (Mara, Tobias), the fact at `fact_at` and more at
+    `facts`, the question last; a scene every `scene` messages with a plain summary and history."""
+    said = {fact_at: FACT, n: QUESTION, **(facts or {})}
+    messages = tuple(
+        Message(i, "user" if i % 2 else "assistant", said.get(i, FILLER[i % 2]), "Mara" if i % 2 else "Tobias")
+        for i in range(1, n + 1)
+    )
+    summary, history = "Mara and Tobias talked about the week.", "Mara and Tobias talked, week after week."
+    starts = [start for start in range(1, n + 1, scene) if start + scene - 1 < n]
+    scenes = tuple(Scene(k + 1, a, a + scene - 1, k + 1, "", summary, history) for k, a in enumerate(starts))
+    return Story(path=Path("t.jsonl"), messages=messages, scenes=scenes, system="Talk.", source_format="native")
+
+
+def settings(window: int = 900, recall: float = 0.2, cache: str = "exact", template: str = "default") -> Settings:
+    context = ContextSettings(
+        head_messages=4, min_tail_messages=20, tail_step=10, tail_floor=10, reply_reserve=0, recall=recall, cache=cache
+    )
+    model = ModelSettings(window=window, tokenizer="estimate")
+    return Settings(context=context, model=model, prompt=PromptSettings(template=template))
+
+
+def test_a_late_question_recalls_the_early_message_that_answers_it() -> None:
+    told = story()
+    without = Pipeline(settings(recall=0)).build(told)
+    built = Pipeline(settings()).build(told)
+    assert without.prompt is not None and FACT not in without.prompt  # the cases alone leave it out
+    assert built.prompt is not None and FACT in built.prompt
+    a = built.assembly
+    assert a.recap and [p.message.number for p in a.recall if p.message] == [30]
+    assert a.tokens <= a.limit == without.assembly.limit
+    # after the recap, before the tail, headed with what it is
+    texts = [b.text for b in built.blocks]
+    at = next(i for i, t in enumerate(texts) if t.startswith("[Earlier, message 30 · Tobias]\n" + FACT))
+    assert texts[at - 1].startswith("[Scene ") and texts[at + 1].endswith(a.tail[0].content)
+    said = describe(a.steps[-1])
+    assert said.startswith("recall: 1 of") and "message 30 (Tobias): moved, sister, tallinn" in said
+
+
+def test_the_caps_bound_each_pool() -> None:
+    """60 older messages and 14 left-out summaries share a rare word with the question: 50 and
+    10 are taken, whatever the budget."""
+    codes = [f"code{i:03}" for i in range(6, 126, 2)]  # each said once, early, and all asked at the end
+    weeks = [f"week{s:03}" for s in range(1, 41)]
+    asked = {400: "Remind me: " + " ".join([*codes, *weeks])}
+    told = story(400, facts={i: f"I saw {code}." for i, code in zip(range(6, 126, 2), codes, strict=True)} | asked)
+    scenes = tuple(replace(s, summary=f"Mara spoke of {weeks[s.order - 1]}.") for s in told.scenes)
+    told = replace(told, scenes=scenes)
+    head, tail = told.messages[:4], told.messages[-20:]
+    recap = tuple(Part("summary", scene=s) for s in scenes[-5:-2])
+    a = Assembly(len(told), 100_000, 0, head=head, recap=recap, tail=tail)
+    ranked = rank(candidates(told, a, len(told)), told.messages[-NEWEST:])
+    assert sum(r.part.message is not None for r in ranked) > 50 and sum(r.part.scene is not None for r in ranked) > 10
+
+    class Free:  # every part a token
+        def recap_part(self, part: Part) -> int:
+            return 1
+
+    chosen = fill(ranked, 10_000, Free(), Recall(0.5))  # type: ignore[arg-type]
+    assert sum(r.part.message is not None for r in chosen) == 50
+    assert sum(r.part.scene is not None for r in chosen) == 10
+
+
+def test_the_newest_ten_are_never_recalled_and_the_prompt_s_own_never_again() -> None:
+    told = story(100)
+    head, tail = told.messages[:4], told.messages[-3:]  # a tail shorter than ten
+    shown = told.scenes[2]
+    a = Assembly(len(told), 10_000, 0, head=head, recap=(Part("summary", scene=shown),), tail=tail)
+    numbers = {p.message.number for p in candidates(told, a, len(told)) if p.message}
+    assert max(numbers) == len(told) - NEWEST and min(numbers) == 5  # not the head, not the newest ten
+    scenes = [p.scene for p in candidates(told, a, len(told)) if p.scene]
+    assert shown not in scenes and scenes  # a summary the recap shows is not recalled again
+
+
+def test_recall_never_makes_a_story_refused_nor_touches_one_that_fits() -> None:
+    told = story(40)
+    whole = Pipeline(settings(window=4000, recall=0.5)).build(told)
+    assert not whole.assembly.recall  # every message would fit: nothing is kept back for recall
+    assert whole.prompt == Pipeline(settings(window=4000, recall=0)).build(told).prompt
+    tight = Pipeline(settings(window=380, recall=0)).build(story())
+    assert tight.assembly.refusal is None  # fits only with the whole limit...
+    assert Pipeline(settings(window=380, recall=0.5)).build(story()).prompt == tight.prompt  # ...and gets it
+
+
+def test_under_the_stable_policy_the_recall_holds_from_turn_to_turn() -> None:
+    """The query is the newest messages at the turn the shape was taken: the next turns, with
+    the same shape, recall the same (the prompt's prefix holds), though a newer message asks of
+    something else; the exact policy recalls it at once."""
+    ferry = {190: QUESTION, 40: "I took the Bergen ferry on Sunday.", 197: "And which ferry did you take?"}
+    told = story(200, facts=ferry)
+
+    def turns(cache: str) -> list[tuple[Part, ...]]:
+        pipeline = Pipeline(settings(cache=cache))
+        built = [pipeline.build(replace(told, messages=told.messages[:n])) for n in (196, 197, 198)]
+        assert len({(len(b.assembly.recap), b.assembly.level) for b in built}) == 1  # one shape throughout
+        return [b.assembly.recall for b in built]
+
+    stable, exact = turns("stable"), turns("exact")
+    assert stable[0] == stable[1] == stable[2] and stable[0]
+    assert exact[0] != exact[1] and 40 in {p.message.number for p in exact[1] if p.message}
+
+
+@pytest.mark.parametrize("template", ["serene", "default"])
+def test_serene_s_history_holds_what_was_recalled(template: str) -> None:
+    built = Pipeline(settings(template=template, window=1100)).build(story())
+    assert built.prompt is not None and "Odile" in built.prompt
+    if template == "serene":  # its chat shows no system entry: the recalled message is in `history`
+        start = built.prompt.index("Story history:")
+        history = json.loads(built.prompt[built.prompt.index("[", start) : built.prompt.index("```", start + 20)])
+        assert {"message": 30, "name": "Tobias", "text": FACT} in history
