@@ -89,9 +89,9 @@ def test_the_newest_ten_are_never_recalled_and_the_prompt_s_own_never_again() ->
     head, tail = told.messages[:4], told.messages[-3:]  # a tail shorter than ten
     shown = told.scenes[2]
     a = Assembly(len(told), 10_000, 0, head=head, recap=(Part("summary", scene=shown),), tail=tail)
-    numbers = {p.message.number for p in candidates(told, a, len(told)) if p.message}
+    numbers = {p.message.number for p in candidates(told, a, len(told)).parts() if p.message}
     assert max(numbers) == len(told) - NEWEST and min(numbers) == 5  # not the head, not the newest ten
-    scenes = [p.scene for p in candidates(told, a, len(told)) if p.scene]
+    scenes = [p.scene for p in candidates(told, a, len(told)).parts() if p.scene]
     assert shown not in scenes and scenes  # a summary the recap shows is not recalled again
 
 
@@ -131,3 +131,21 @@ def test_serene_s_history_holds_what_was_recalled(template: str) -> None:
         start = built.prompt.index("Story history:")
         history = json.loads(built.prompt[built.prompt.index("[", start) : built.prompt.index("```", start + 20)])
         assert {"message": 30, "name": "Tobias", "text": FACT} in history
+
+
+@pytest.mark.deep  # the whole tour replayed: two seconds
+def test_the_tour_replayed_at_40k_keeps_its_prefix_with_recall_on() -> None:
+    """Issue 36's check: `ctx replay` on otaku's tour (40k, stable, every 2 turns from where the
+    window fills) keeps the previous prompt as a prefix in at least 85 % of turns with the pools
+    on — and recalls something on its way (else the check would be of nothing)."""
+    from test_cache_bound import configured, tour
+
+    from otaku_ctx.assemble import Shape
+    from otaku_ctx.replay import replay
+
+    s = configured(Shape(), 40_000, "stable")
+    s = replace(s, context=replace(s.context, recall=0.1))
+    result = replay(tour(), s, first=143, every=2)
+    assert result.share_prefix() >= 0.85, result.share_prefix()
+    recalled = Pipeline(s).build(tour()).assembly.recall
+    assert recalled and all(p.kind == "recall" for p in recalled)

@@ -31,12 +31,15 @@ A pure function of the story and the assembly: no I/O, no clock.
 from __future__ import annotations
 
 import math
-from collections import Counter
+import threading
+from array import array
+from bisect import bisect_left, bisect_right
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from ..story.model import Message, Story
+from ..story.model import Message, Scene, Story
 from ..story.words import STOPWORDS, WORD
 from .parts import Assembly, Part, Pricer, SceneRef
 from .steps import Recalled
@@ -46,8 +49,10 @@ NEWEST = 10
 #: seed 000's caps of the pools here (its lore's, 20 and 15, are `lore/`'s)
 MOST_HISTORY = 10
 MOST_MESSAGES = 50
-#: a word is rare among the candidates when at most this share of them hold it (and 2)
+#: a word is rare among the candidates when at most this share of them hold it (2 at least,
+#: `MOST_RARE` at most: in a story of 100,000 messages a word said 5,000 times is not rare)
 RARE_SHARE = 0.05
+MOST_RARE = 50
 
 
 @dataclass(frozen=True)
@@ -92,31 +97,102 @@ def names_of(text: str) -> frozenset[str]:
     return frozenset(w.lower() for w in WORD.findall(text) if w[0].isupper() and w.lower() not in STOPWORDS)
 
 
-def candidates(story: Story, assembly: Assembly, at: int) -> list[Part]:
+class WordIndex:
+    """Where each content word is said: the numbers of the messages that hold it, in story
+    order, over a story's first messages — kept from build to build while they are the same
+    objects (a replay's turns, a served chat's), and extended as the story grows. Cards are
+    not in it (they are never recalled)."""
+
+    def __init__(self, first: Message) -> None:
+        self.first = first
+        self.messages: list[Message] = []
+        self.postings: dict[str, array[int]] = {}
+        self.lock = threading.Lock()
+
+    def cover(self, messages: Sequence[Message]) -> None:
+        """Index `messages` (a story's first ones): what was indexed and is still the same
+        objects stands, the rest is indexed again."""
+        kept = len(self.messages)
+        if kept > len(messages) or any(a is not b for a, b in zip(messages, self.messages, strict=False)):
+            self.messages, self.postings, kept = [], {}, 0
+        for m in messages[kept:]:
+            if m.card is None:
+                for w in words_of(m.content):
+                    self.postings.setdefault(w, array("i")).append(m.number)
+            self.messages.append(m)
+
+    def holding(self, word: str, first: int, last: int) -> array[int]:
+        """The numbers of the messages `first`..`last` that say `word`."""
+        found = self.postings.get(word)
+        if not found:
+            return array("i")
+        return found[bisect_left(found, first) : bisect_right(found, last)]
+
+
+_INDEXES: OrderedDict[int, WordIndex] = OrderedDict()
+_INDEXES_LOCK = threading.Lock()
+MOST_INDEXES = 8  # stories whose index is kept (a server's chats, each its own)
+
+
+def index_of(messages: Sequence[Message]) -> WordIndex:
+    """The word index of a story whose first message is `messages[0]`, covering `messages`."""
+    with _INDEXES_LOCK:
+        found = _INDEXES.get(id(messages[0]))
+        if found is None or found.first is not messages[0]:
+            found = _INDEXES[id(messages[0])] = WordIndex(messages[0])
+            while len(_INDEXES) > MOST_INDEXES:
+                _INDEXES.popitem(last=False)
+        _INDEXES.move_to_end(id(messages[0]))
+    return found
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The candidates at one turn: the story's messages `first`..`last` but its cards (found
+    through the story's word index), and the summaries left out."""
+
+    story: Story
+    first: int
+    last: int
+    scenes: tuple[Scene, ...]
+    cards: int  # the cards among messages first..last
+
+    @property
+    def size(self) -> int:
+        return max(0, self.last - self.first + 1) - self.cards + len(self.scenes)
+
+    def parts(self) -> list[Part]:
+        """Every candidate, the summaries first."""
+        messages = self.story.messages[self.first - 1 : self.last] if self.last >= self.first else ()
+        return [*(Part("recall", scene=s) for s in self.scenes), *(Part("recall", message=m) for m in messages
+                                                                    if m.card is None)]  # fmt: skip
+
+
+def candidates(story: Story, assembly: Assembly, at: int) -> Pool:
     """What the prompt left out that may be recalled at turn `at` (the query's last message):
     the messages after the head and before the tail, but the newest `NEWEST` and the cards;
     the summaries no recap part shows, of scenes after the head and before the tail."""
     first = len(assembly.head) + 1
-    last = min(assembly.tail[0].number if assembly.tail else assembly.messages + 1, at - NEWEST + 1) - 1
-    messages = [Part("recall", message=m) for m in story.messages[first - 1 : last] if m.card is None]
-    shown = {id(p.scene) for p in assembly.recap if p.kind == "summary"}
     before = assembly.tail[0].number if assembly.tail else assembly.messages + 1
-    scenes = [
-        Part("recall", scene=s)
-        for s in story.scenes
-        if s.summary.strip() and id(s) not in shown and s.start >= first and s.end < before
-    ]
-    return scenes + messages
+    last = min(before, at - NEWEST + 1) - 1
+    shown = {id(p.scene) for p in assembly.recap if p.kind == "summary"}
+    scenes = tuple(
+        s for s in story.scenes if s.summary.strip() and id(s) not in shown and s.start >= first and s.end < before
+    )
+    cards = sum(1 for m in story.messages[first - 1 : last] if m.card is not None) if last >= first else 0
+    return Pool(story, first, last, scenes, cards)
 
 
-def rank(parts: Sequence[Part], query: Sequence[Message]) -> list[Ranked]:
+def rank(pool: Pool, query: Sequence[Message]) -> list[Ranked]:
     """The candidates that share a rare word with the query, best first (ties: the earlier).
 
     A query word weighs by how recently it was said: 1 in the newest message, 1/2 in the one
     before, and so on, added over the messages that say it (the newest message is what the
     reply answers). A candidate scores the weights of its rare words (its hits) and of its
     names among them, their TF-IDF (the weight times the word's rarity among the candidates),
-    the query's speakers it shares, and the recency of the newest query message it answers."""
+    the query's speakers it shares, and the recency of the newest query message it answers.
+    Only the candidates holding a rare word are read: through the story's word index, the
+    cost is the query's rare words' messages, not the story's."""
     asked: dict[str, float] = {}
     age: dict[str, int] = {}  # each query word's newest message, 0 the newest
     named: set[str] = set()
@@ -126,20 +202,29 @@ def rank(parts: Sequence[Part], query: Sequence[Message]) -> list[Ranked]:
             asked[w] = asked.get(w, 0.0) + 1 / (1 + n)
             age.setdefault(w, n)
         named |= names_of(m.content)
-    texts = [_text(p) for p in parts]
-    shared = [words_of(t) & asked.keys() for t in texts]
-    frequency: Counter[str] = Counter()
-    for found in shared:
-        frequency.update(found)
-    rare_at = max(2, int(len(parts) * RARE_SHARE))
+    if pool.size <= 0 or not asked:
+        return []
+    index = index_of(pool.story.messages)
+    with index.lock:
+        if pool.last >= pool.first:
+            index.cover(pool.story.messages[: pool.last])
+        holding = {w: index.holding(w, pool.first, pool.last) for w in asked}
+    frequency: Counter[str] = Counter({w: len(found) for w, found in holding.items()})
+    for scene in pool.scenes:
+        frequency.update(words_of(scene.summary) & asked.keys())
+    rare_at = min(MOST_RARE, max(2, int(pool.size * RARE_SHARE)))
+    rare_words = {w for w in asked if 0 < frequency[w] <= rare_at}
+    numbers = sorted({n for w in rare_words for n in holding[w]})
+    parts = [Part("recall", scene=s) for s in pool.scenes if words_of(s.summary) & rare_words]
+    parts += [Part("recall", message=pool.story.messages[n - 1]) for n in numbers]
     ranked: list[Ranked] = []
-    for part, text, found in zip(parts, texts, shared, strict=True):
-        rare = sorted((w for w in found if frequency[w] <= rare_at), key=lambda w: (frequency[w], w))
-        if not rare:
-            continue
+    for part in parts:
+        text = _text(part)
+        found = words_of(text) & asked.keys()
+        rare = sorted(found & rare_words, key=lambda w: (frequency[w], w))
         hits = sum(asked[w] for w in rare)
         names = sum(asked[w] for w in found & named & names_of(text))
-        tfidf = sum(asked[w] * (math.log((1 + len(parts)) / (1 + frequency[w])) + 1) for w in found)
+        tfidf = sum(asked[w] * (math.log((1 + pool.size) / (1 + frequency[w])) + 1) for w in found)
         if part.message is not None:  # its speaker is in the scene
             together = 0.5 if (part.message.name or "").lower() in speakers else 0.0
         else:  # the scene's people are named in it
@@ -156,8 +241,9 @@ def _text(part: Part) -> str:
 
 
 def fill(ranked: Sequence[Ranked], budget: int, pricer: Pricer, recall: Recall) -> list[Ranked]:
-    """The ranked candidates taken in order while their prices fit `budget` and their kind's
-    cap is not reached (one that does not fit is passed over for a smaller one after it)."""
+    """The ranked candidates taken in order until the next does not fit `budget` (seed 000:
+    "until ... the available token budget is reached"); one whose kind's cap is reached is
+    passed over."""
     caps = {"history": recall.history, "message": recall.messages}
     taken: Counter[str] = Counter()
     chosen: list[Ranked] = []
@@ -168,7 +254,7 @@ def fill(ranked: Sequence[Ranked], budget: int, pricer: Pricer, recall: Recall) 
             continue
         cost = pricer.recap_part(item.part)
         if spent + cost > budget:
-            continue
+            break
         chosen.append(item)
         spent += cost
         taken[kind] += 1
@@ -190,9 +276,9 @@ def recalled(
     and a `Recalled` step saying what and why."""
     if assembly.refusal is not None or not assembly.recap:
         return assembly
-    parts = candidates(story, assembly, at)
+    pool = candidates(story, assembly, at)
     query = story.messages[max(0, at - NEWEST) : at]
-    chosen = fill(rank(parts, query), budget, pricer, recall) if parts and budget > 0 else []
+    chosen = fill(rank(pool, query), budget, pricer, recall) if budget > 0 else []
     found, tokens = assembly, assembly.tokens
     while chosen:
         found = replace(assembly, recall=in_order(chosen))
@@ -203,7 +289,7 @@ def recalled(
     if not chosen:
         found, tokens = assembly, assembly.tokens
     taken = tuple(_taken(r) for r in chosen)
-    step = Recalled(at, len(parts), budget, tokens - assembly.tokens, taken)
+    step = Recalled(at, pool.size, budget, tokens - assembly.tokens, taken)
     costs = {**assembly.costs, "recall": tokens - assembly.tokens}
     return replace(found, tokens=tokens, costs=costs, steps=(*assembly.steps, step))
 
