@@ -55,6 +55,7 @@ class Session:
     # scenes that still tell it it reads until it has its own
     own_pool: str = ""
     inherits: str | None = None
+    inherited: tuple[Sequence[Record], tuple[Message, ...], list[Record]] | None = None  # (`Store.records_of`)
     placed: bool = False  # its file chosen among its opening's (`Store.story`, on its first turn)
     # its last request: the messages as sent, and the story read from them (the next request is
     # read against it, so the messages sent alike are the same objects)
@@ -97,7 +98,7 @@ class Session:
         name = digest([self.pool, numbers[common], dialogue[common]])[:10]
         return replace(
             self, lock=threading.Lock(), frame=copy.deepcopy(self.frame), turns=deque(self.turns, maxlen=MOST_TURNS),
-            branch=name, own_pool=f"{self.chat.pool}-{name}", inherits=self.pool, placed=False,
+            branch=name, own_pool=f"{self.chat.pool}-{name}", inherits=self.pool, inherited=None, placed=False,
             wanted=None, working=None, failed_at=-1, why="", complete_at=-1,
         )  # fmt: skip
 
@@ -137,9 +138,10 @@ class Sessions:
                     session.chat = chat
             if not family:
                 session = Session(chat)
-            else:  # the most recent first, so that a tie goes to it
-                session = max(reversed(family), key=lambda s: common_length(dialogue, s.dialogue))
-                shared = common_length(dialogue, session.dialogue)
+            else:  # the one it shares the most with; a tie goes to the most recent
+                shared, session = max(
+                    ((common_length(dialogue, s.dialogue), s) for s in reversed(family)), key=lambda found: found[0]
+                )
                 if (
                     shared < len(dialogue)
                     and shared < len(session.dialogue)

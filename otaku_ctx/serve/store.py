@@ -4,11 +4,11 @@ It is the only thing `ctx serve` writes (`summarize.commits.Commits` writes it, 
 `ctx summarize` takes too).
 
 Each branch of an opening has its own file (`Session.pool`): `<pool>.ctx-summaries` the first,
-`<pool>-<branch>.ctx-summaries` a fork, which reads its parent's scenes before the fork point
-until its own file is written (`Store.records_of`). A chat serve meets for the first time (after
-a restart) takes the file of its opening that tells it best: none of its scenes stale, the most
-fresh; if each has a stale one, it is a branch whose file was never written, and it forks at
-the first stale scene (`Store.story`).
+`<pool>-<branch>.ctx-summaries` a fork, which reads its parent's scenes that still tell it
+(those before the branch point) until its own file is written (`Store.records_of`). A chat
+serve meets for the first time (after a restart) takes the file of its opening that tells it
+best: none of its scenes stale, the most of them; if each tells another branch from some
+scene on, it forks there (`Store.place`).
 
 A chat's scenes (`Store.story`) are its sidecar's records judged against its messages — fresh,
 touched, and stale ones too (after an edit, a stale summary serves until it is redone) — and,
@@ -81,8 +81,13 @@ class Store:
         if session.inherits is None or self.path(session.pool).exists():
             return self.records(session.pool), True
         parent = self.records(session.inherits)
+        known = session.inherited
+        if known is not None and known[0] is parent and common_length(story.messages, known[1]) == len(known[1]):
+            return known[2], False  # the same file, the story only grew: a branch's scenes stay stale
         stale = {r.id for r in judge(story, parent).stale}
-        return [r for r in parent if r.id not in stale], False
+        kept = [r for r in parent if r.id not in stale]
+        session.inherited = (parent, story.messages, kept)
+        return kept, False
 
     def place(self, session: Session, story: Story) -> None:
         """A chat's file, on its first turn and when its file turns out to tell another branch:
