@@ -54,6 +54,11 @@ process, so its memory is in the figure; 2026-12-04, one run each), wall s / pea
     s12 5.1 / 130 (SIGTERM with a stalled stream, shutdown 2: 2.0 s; before, 4.0 s)
     s13-15 3.1 / 133 (seven tests)   s16 2.6 / 133
 
+Added later (2026-12-04, one run each): s1-4 8.2 / 133 (two serves and a `ctx summarize` on one
+sidecar for a whole run, a hand edit during serve's pass, its bytes written; four tests); s10
+2.7 / 136 (with a long chat's held turn while another chat is answered); s17-18 7.5 / 134 (two
+branches played in turn, and after a restart; the edit/swipe/branch rule).
+
 `--flood` (issue 35's #8 as a user meets it: `ctx serve` under `ulimit -n 1024`, 1,100 idle
 connections opened at it, then one client):
 
