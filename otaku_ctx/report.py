@@ -86,7 +86,7 @@ def _tried(step: Tried) -> str:
 
 
 def _recalled(step: Recalled) -> str:
-    asked = f"the messages before {step.at + 1:,}" if step.at else "the newest messages"
+    asked = f"the newest messages as of message {step.at:,}"
     if not step.taken:
         left = f"{step.candidates:,} older messages and summaries left out"
         return f"recall: none of the {left} shares a rare word with {asked}"
