@@ -568,6 +568,7 @@ def test_a_long_chat_s_turn_holds_up_no_other_chat_s(raw: RawBackend, monkeypatc
 # -- #1-#4: the sidecar has one writer at a time, and loses nothing ------------------------------
 
 
+@pytest.mark.deep  # two serves' passes of summaries: in .ci/run's second step
 def test_two_serves_on_one_sidecar_write_each_scene_once_and_keep_them_all() -> None:
     """Two serves on one `OTAKU_HOME`, the same chat sent to both at once: one writes its scenes
     (the lock `ctx summarize` takes), the other finds them written and asks for none again —
@@ -665,6 +666,7 @@ def test_two_serves_and_a_ctx_summarize_for_a_whole_run_keep_every_scene(tmp_pat
     assert len(asked) == len({r.start for r in records}) == len(records)  # each asked once, and kept
 
 
+@pytest.mark.deep  # a pass of summaries with a hand edit in it: in .ci/run's second step
 def test_a_hand_edit_made_while_serve_writes_wins_and_serve_s_pass_costs_what_it_adds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
