@@ -149,3 +149,23 @@ def test_the_tour_replayed_at_40k_keeps_its_prefix_with_recall_on() -> None:
     assert result.share_prefix() >= 0.85, result.share_prefix()
     recalled = Pipeline(s).build(tour()).assembly.recall
     assert recalled and all(p.kind == "recall" for p in recalled)
+
+
+def test_the_word_index_follows_the_story_it_is_asked_of() -> None:
+    """Kept from build to build while the messages are the same objects; a branch that shares
+    its first messages' objects (a served chat's fork) and goes on otherwise is indexed as it
+    is, and the first story again after it — each as a scan of its own messages finds."""
+    from otaku_ctx.assemble.recall import WordIndex, words_of
+
+    first = story(60)
+    branch = replace(
+        first,
+        messages=first.messages[:25]
+        + tuple(replace(m, content=f"I took the Bergen ferry, trip {m.number}.") for m in first.messages[25:]),
+    )
+    index = WordIndex(first.messages[0])
+    for told in (first, branch, first, replace(first, messages=first.messages[:40])):
+        index.cover(told.messages)
+        for word in ("tallinn", "sister", "ferry", "bergen", "weather", "trip"):
+            found = [m.number for m in told.messages if word in words_of(m.content)]
+            assert list(index.holding(word, 1, len(told.messages))) == found, (word, len(told.messages))

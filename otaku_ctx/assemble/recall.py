@@ -110,11 +110,16 @@ class WordIndex:
         self.lock = threading.Lock()
 
     def cover(self, messages: Sequence[Message]) -> None:
-        """Index `messages` (a story's first ones): what was indexed and is still the same
-        objects stands, the rest is indexed again."""
-        kept = len(self.messages)
-        if kept > len(messages) or any(a is not b for a, b in zip(messages, self.messages, strict=False)):
-            self.messages, self.postings, kept = [], {}, 0
+        """Index `messages` (a story's first ones), at least: what was indexed and is still the
+        same objects stands (more of it too: a query reads by numbers), the rest is indexed
+        again (an edit, a branch of a served chat, which shares its first messages' objects)."""
+        kept = next(
+            (i for i, (a, b) in enumerate(zip(messages, self.messages, strict=False)) if a is not b), len(self.messages)
+        )
+        if kept < len(self.messages):  # the messages from number kept + 1 on are another story's
+            for found in self.postings.values():
+                del found[bisect_left(found, kept + 1) :]
+            del self.messages[kept:]
         for m in messages[kept:]:
             if m.card is None:
                 for w in words_of(m.content):
