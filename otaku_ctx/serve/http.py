@@ -238,8 +238,9 @@ class Service:
         return self.lanes[messages >= LONG_CHAT]
 
     def counting(self, session: Session, work: Callable[[TokenCounter], T]) -> T:
-        """`work` with a chat's lane's counter, on its thread, from another (the summarizer's)."""
-        lane = self.lane(len(session.story.messages) if session.story is not None else 0)
+        """`work` with a chat's lane's counter, on its thread, from another (the summarizer's):
+        the lane of its last request, as `chat_completions` chose it."""
+        lane = self.lane(len(session.sent))
         return lane.wait(lambda: work(self.setup_of(lane).count))
 
     def setup_of(self, lane: Lane, model_name: str = "") -> Setup:

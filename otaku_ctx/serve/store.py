@@ -118,13 +118,15 @@ class Store:
         summaries come in at once when it is done, one change of the prompt, not one a scene)."""
         if hold and session.held is not None:
             records = session.held
+            judged = self._judged(session, story, records)
         else:
             records = self.records_of(session, story)[0]
-            if not session.placed or another_branch(self._judged(session, story, records)):
+            judged = self._judged(session, story, records)
+            if not session.placed or another_branch(judged):
                 self.place(session, story)
                 records = self.records_of(session, story)[0]
+                judged = self._judged(session, story, records)
             session.held = records
-        judged = self._judged(session, story, records)
         known = session.scenes
         if known is not None and known[1] is judged and not any(x.source == PROVISIONAL for x in known[2]):
             # the same verdict and nothing of ctx's own: the same Scene objects, whose prices the walk
