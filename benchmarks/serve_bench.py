@@ -211,7 +211,8 @@ def main() -> None:
     home = tempfile.mkdtemp(prefix="serve-bench-")
     os.environ["OTAKU_HOME"] = home
     from otaku_ctx.config import ContextSettings, ServeSettings, Settings
-    from otaku_ctx.serve.http import Running, Service
+    from otaku_ctx.serve.http import Service
+    from otaku_ctx.serve.listen import Running
 
     whole = chat(args.messages + args.turns)
     first = args.messages

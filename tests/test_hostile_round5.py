@@ -26,7 +26,8 @@ from loopback import QuietServer
 from test_serve import chat, settings_for
 
 from otaku_ctx.serve import upstream
-from otaku_ctx.serve.http import Running, Service
+from otaku_ctx.serve.http import Service
+from otaku_ctx.serve.listen import Running
 from otaku_ctx.serve.logs import Hush, Visible
 
 Scenario = Callable[[BaseHTTPRequestHandler], None]
@@ -317,11 +318,11 @@ def closed_within(connection: socket.socket, seconds: float) -> bool:
 
 @pytest.fixture
 def quick(monkeypatch: pytest.MonkeyPatch) -> None:
-    from otaku_ctx.serve import http as served
+    from otaku_ctx.serve import body, listen
 
-    monkeypatch.setattr(served, "KEEPALIVE", 0.5)
-    monkeypatch.setattr(served, "BODY_SECONDS", 0.5)
-    monkeypatch.setattr(served, "MOST_CONNECTIONS", 10)
+    monkeypatch.setattr(listen, "KEEPALIVE", 0.5)
+    monkeypatch.setattr(body, "BODY_SECONDS", 0.5)
+    monkeypatch.setattr(listen, "MOST_CONNECTIONS", 10)
 
 
 @pytest.mark.usefixtures("quick")
@@ -520,9 +521,9 @@ def test_a_backend_error_quoting_the_prompt_is_cut_from_the_log(
 def test_a_request_of_more_messages_than_any_story_is_a_413_at_once(
     raw: RawBackend, serving: Running, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from otaku_ctx.serve import http as served
+    from otaku_ctx.serve import request
 
-    monkeypatch.setattr(served, "MOST_MESSAGES", 1000)
+    monkeypatch.setattr(request, "MOST_MESSAGES", 1000)
     client = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=20)
     with pytest.raises(openai.APIStatusError) as refused:
         client.chat.completions.create(model="m", messages=chat(1001))
@@ -535,21 +536,21 @@ def test_a_long_chat_s_turn_holds_up_no_other_chat_s(raw: RawBackend, monkeypatc
     runs on the long chats' worker: another chat's turn is answered meanwhile."""
     import threading
 
-    from otaku_ctx.serve import http as served
+    from otaku_ctx.serve import http, setup
+    from otaku_ctx.serve.turn import assemble_turn
 
-    monkeypatch.setattr(served, "LONG_CHAT", 40)
+    monkeypatch.setattr(setup, "LONG_CHAT", 40)
     raw.scenario = lambda handler: reply(handler, 200, HI)
     service = Service(settings_for(raw.url))
     held, release = threading.Event(), threading.Event()
-    assemble = service.assemble
 
-    def heavy(turn: served.Request, setup: served.Setup, window: int) -> Any:
+    def heavy(turn: Any, *rest: Any) -> Any:
         if len(turn.body["messages"]) > 40:
             held.set()
             release.wait(30)
-        return assemble(turn, setup, window)
+        return assemble_turn(turn, *rest)
 
-    service.assemble = heavy  # type: ignore[method-assign]
+    monkeypatch.setattr(http, "assemble_turn", heavy)
     running = Running(service)
     client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30)
     long = threading.Thread(target=lambda: client.chat.completions.create(model="m", messages=chat(60)))
@@ -810,13 +811,13 @@ def test_two_branches_played_in_turn_ask_each_scene_once_and_keep_their_own() ->
 
 def test_an_edit_swipe_or_deletion_keeps_the_chat_a_branch_forks_it() -> None:
     from otaku_ctx.serve.chats import Chat
-    from otaku_ctx.serve.session import Sessions
+    from otaku_ctx.serve.sessions import Sessions
 
     def said(*texts: str) -> list[tuple[Any, Any, Any]]:
         return [("user" if ord(text) % 2 else "assistant", None, text) for text in texts]
 
     sessions, chat_ = Sessions(), Chat("o1", False, "o1")
-    first = sessions.find(chat_, said(*"abcdefgh"), range(1, 9))
+    first = sessions.take(chat_, said(*"abcdefgh"), range(1, 9))
     kept = {
         "continued": said(*"abcdefghij"),
         "swiped (the last reply not sent)": said(*"abcdefg"),
@@ -827,10 +828,10 @@ def test_an_edit_swipe_or_deletion_keeps_the_chat_a_branch_forks_it() -> None:
         "the newest but one edited, its reply gone": said(*"abcdefX"),
     }
     for how, dialogue in kept.items():
-        assert sessions.find(chat_, dialogue, range(1, len(dialogue) + 1)) is first, how
-        sessions.find(chat_, said(*"abcdefgh"), range(1, 9))
-    branch = sessions.find(chat_, said(*"abcXY"), range(1, 6))  # branched at the fourth, and went on
-    assert branch is not first and branch.pool.startswith("o1-") and branch.inherits == "o1"
-    assert sessions.find(chat_, said(*"abcdefghij"), range(1, 11)) is first
-    assert sessions.find(chat_, said(*"abcXYZ"), range(1, 7)) is branch
+        assert sessions.take(chat_, dialogue, range(1, len(dialogue) + 1)) is first, how
+        sessions.take(chat_, said(*"abcdefgh"), range(1, 9))
+    branch = sessions.take(chat_, said(*"abcXY"), range(1, 6))  # branched at the fourth, and went on
+    assert branch is not first and branch.pool.startswith("o1-") and branch.sidecar.inherits == "o1"
+    assert sessions.take(chat_, said(*"abcdefghij"), range(1, 11)) is first
+    assert sessions.take(chat_, said(*"abcXYZ"), range(1, 7)) is branch
     assert len(sessions) == 2

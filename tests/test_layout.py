@@ -155,7 +155,7 @@ NETWORK = {"socket", "http", "urllib", "ssl", "asyncio", "requests", "httpx", "a
 
 # `ctx serve` is a server (aiohttp, on asyncio) and forwards its frontend's requests to the
 # user's model server, streamed: those two modules of it, and no other, touch the network.
-SERVING = {"otaku_ctx.serve.http", "otaku_ctx.serve.upstream"}
+SERVING = {f"otaku_ctx.serve.{name}" for name in ("http", "upstream", "body", "relay", "listen", "setup")}
 
 
 @pytest.mark.parametrize("module", [m for m in MODULES if stage(m) != "backend" and m not in SERVING])

@@ -26,7 +26,9 @@ from loopback import JSONHandler, QuietServer
 
 from otaku_ctx.config import ContextSettings, ServeSettings, Settings, SummarizeSettings
 from otaku_ctx.serve.chats import HEADER, ChatError, chat_story, identify
-from otaku_ctx.serve.http import Running, ServeError, Service
+from otaku_ctx.serve.errors import ServeError
+from otaku_ctx.serve.http import Service
+from otaku_ctx.serve.listen import Running
 from otaku_ctx.serve.stats import StreamUsage, Usage
 from otaku_ctx.story.sidecar import read_sidecar
 from otaku_ctx.summarize import Cutting
@@ -324,10 +326,10 @@ def test_the_sidecar_is_judged_again_only_when_the_chat_or_the_records_changed(t
     store, session = Store(tmp_path, Cutting(settle=44), (20, 20)), Session(identify(story, {}, {}, 2))
     store.path(session.chat.pool).write_text(sidecar_text(records))
     first = store.story(session, story, hold=False)
-    judged = session.judged
+    judged = session.sidecar.judged
     next_turn = chat_story({"messages": chat(44)}, story)
     later = store.story(session, next_turn, hold=False)
-    assert session.judged is judged and later.scenes is first.scenes
+    assert session.sidecar.judged is judged and later.scenes is first.scenes
     assert [(s.start, s.end) for s in first.scenes] == [(3, 14), (15, 26)]
     edited = chat(44)
     edited[5]["content"] += " (edited)"

@@ -20,8 +20,11 @@ from otaku_ctx.config import ContextSettings, Settings
 from otaku_ctx.serve.assemble import Assembled, assemble_chat, ladder
 from otaku_ctx.serve.chats import FRAME_ENTRY, FramePart, chat_story, frame_of, framed, identify
 from otaku_ctx.serve.frame import FrameMemory
-from otaku_ctx.serve.http import Running, Service, serving
-from otaku_ctx.serve.session import Session, Sessions
+from otaku_ctx.serve.http import Service
+from otaku_ctx.serve.listen import Running
+from otaku_ctx.serve.session import Session
+from otaku_ctx.serve.sessions import Sessions
+from otaku_ctx.serve.setup import serving
 from otaku_ctx.story.model import Story
 from otaku_ctx.tokens import make_counter
 
@@ -206,11 +209,11 @@ def test_a_named_part_of_the_frame_keeps_its_name() -> None:
 def test_naming_a_chat_takes_over_its_unnamed_session() -> None:
     story = chat_story({"messages": chat(6)})
     sessions = Sessions(most=2)
-    unnamed = sessions.find(identify(story, {}, {}, 2))
-    named = sessions.find(identify(story, {}, {"X-Ctx-Chat": "lamp"}, 2))
+    unnamed = sessions.take(identify(story, {}, {}, 2))
+    named = sessions.take(identify(story, {}, {"X-Ctx-Chat": "lamp"}, 2))
     assert named is unnamed and named.chat.named and len(sessions) == 1
     for n in range(3):  # the bound: the least recently used goes, whole
-        sessions.find(identify(chat_story({"messages": chat(6, words=20 + n)}), {}, {}, 2))
+        sessions.take(identify(chat_story({"messages": chat(6, words=20 + n)}), {}, {}, 2))
     assert len(sessions) == 2 and named not in list(sessions)
 
 
@@ -218,7 +221,7 @@ def assembled(n: int, window: int, session: Session | None, frame: str = "Be bri
     settings = serving(Settings(context=ContextSettings(reserve_default=100)))
     story = chat_story({"messages": chat(n, frame=frame, words=30)})
     return assemble_chat(story, ladder(settings), make_counter("cl100k_base"), window=window, max_tokens=100,
-                         session=session)  # fmt: skip
+                         state=session.turn if session else None, played=bool(session and session.stats))  # fmt: skip
 
 
 def test_a_small_window_takes_a_smaller_head_and_tail_and_keeps_it() -> None:

@@ -51,6 +51,7 @@ def serve_cmd(
     if no_summarize:
         overrides["serve.summarize"] = (False, "--no-summarize")
     settings = settings_from(config, overrides)
-    from ..serve.http import Service, serve_forever
+    from ..serve.http import Service
+    from ..serve.listen import serve_forever
 
     serve_forever(Service(settings), terminal().say, debug=debug)

@@ -26,7 +26,7 @@ from ..build import Built, Pipeline
 from ..config import Settings
 from ..story.model import Story
 from ..tokens import TokenCounter
-from .session import Session
+from .session import TurnState
 
 #: serve's small-window ladder: the head and tail divided by each in turn
 RUNGS = (1, 2, 4, 8, 16)
@@ -120,7 +120,8 @@ def assemble_chat(
     *,
     window: int,
     max_tokens: int | None,
-    session: Session | None = None,
+    state: TurnState | None = None,
+    played: bool = False,
 ) -> Assembled:
     """The chat assembled for the backend's `window` less the reply (cases 1-6), as chat
     messages, on the session's rung of `rungs` (`ladder`) while it fits, its walk going on from
@@ -132,20 +133,20 @@ def assemble_chat(
     again only when it fits with that room. With none, the refusal of the newest message
     alone (case 6)."""
     *shaped, last_resort = rungs
-    at = session.rung if session is not None else 0  # len(shaped): the last resort
+    at = state.rung if state is not None else 0  # len(shaped): the last resort
     for rung in range(min(at, len(shaped) - 1), len(shaped)):
-        resume = session.walk if session is not None and rung == at else None
+        resume = state.walk if state is not None and rung == at else None
         built = pipeline_for(rungs[rung], count, window, max_tokens).build(story, resume)
-        if built.prompt is None or (session is not None and session.turns and rung != at and not roomy(built)):
+        if built.prompt is None or (played and rung != at and not roomy(built)):
             continue  # a move, once the chat was played on its rung: only to a shape with room
-        if session is not None:
-            session.rung, session.walk, session.cut = rung, built.assembly.walked, 0
+        if state is not None:
+            state.shaped(rung, built.assembly.walked, cut=0)
         return Assembled(built, json.loads(built.prompt), rung)
-    kept, fitted = truncated(story, last_resort, count, window, max_tokens, session)
+    kept, fitted = truncated(story, last_resort, count, window, max_tokens, state)
     if fitted.prompt is None:
         return Assembled(fitted, None, len(shaped) - 1)
-    if session is not None:
-        session.rung, session.walk = len(shaped), None
+    if state is not None:
+        state.shaped(len(shaped), None)
     return Assembled(fitted, json.loads(fitted.prompt), len(shaped), kept)
 
 
@@ -161,23 +162,23 @@ def roomy(built: Built) -> bool:
 
 
 def truncated(
-    story: Story, settings: Settings, count: TokenCounter, window: int, max_tokens: int | None, session: Session | None
+    story: Story, settings: Settings, count: TokenCounter, window: int, max_tokens: int | None, state: TurnState | None
 ) -> tuple[int, Built]:
     """The last resort, kept from turn to turn: the messages from where the session's last
     truncation started while they fit; else the newest that fit leaving `ROOM` of the
     limit (the newest that fit at all, when that is fewer: the newest message alone)."""
     pipeline = pipeline_for(settings, count, window, max_tokens)
     newest = len(story.messages)
-    if session is not None and 0 < session.cut <= newest:
-        kept = newest - session.cut + 1
+    if state is not None and 0 < state.cut <= newest:
+        kept = newest - state.cut + 1
         built = _newest(pipeline, story, kept)
         if built.prompt is not None:
             return kept, built
     kept, built = newest_that_fit(pipeline, story, roomy)
     if not kept:  # not even the newest message leaves the room: the most that fit at all
         kept, built = newest_that_fit(pipeline, story)
-    if session is not None:
-        session.cut = newest - kept + 1 if built.prompt is not None else 0
+    if state is not None:
+        state.truncated_at(newest - kept + 1 if built.prompt is not None else 0)
     return kept, built
 
 

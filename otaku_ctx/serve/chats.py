@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import OtakuError
 from ..story.model import LoreEntry, LorePosition, Message, Role, Story
 from ..tokens import common_length
+from .errors import BadRequest
 
 #: the roles a chat's messages may have; `developer` is OpenAI's newer name for `system`
 ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -32,8 +32,8 @@ FRAME_ROLES = ("system", "developer")
 HEADER = "X-Ctx-Chat"
 
 
-class ChatError(OtakuError):
-    """A request whose messages are not a chat ctx can assemble (a 400, OpenAI-style)."""
+class ChatError(BadRequest):
+    """A request whose messages are not a chat ctx can assemble."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,37 @@ def _name(raw: Mapping[str, Any], index: int) -> str | None:
     return name or None
 
 
+def read_message(raw: Any, index: int) -> tuple[Role, str, str | None]:
+    """One message of the chat (`messages[index]`) as its role, text and name; a `ChatError`
+    saying what is wrong when it is not one ctx can assemble."""
+    if not isinstance(raw, dict):
+        raise ChatError(f"messages[{index}]: expected an object with role and content")
+    role = ROLES.get(str(raw.get("role")))
+    if role is None:
+        raise ChatError(
+            f"messages[{index}]: role {raw.get('role')!r} cannot be assembled;"
+            " ctx serve takes system, user and assistant"
+        )
+    return role, _content(raw, index), _name(raw, index)
+
+
+def check_messages(body: Mapping[str, Any]) -> None:
+    """Every message of the request is one `chat_story` can read (the common shape checked at
+    once, the rest read), and there is at least one after the frame: so that once a request is
+    taken for a chat's, nothing in it can refuse it."""
+    given = body.get("messages")
+    if not isinstance(given, list) or not given:
+        raise ChatError("messages: expected a non-empty list of chat messages")
+    for index, raw in enumerate(given):
+        if type(raw) is dict:
+            role, content, name = raw.get("role"), raw.get("content"), raw.get("name")
+            if type(role) is str and role in ROLES and type(content) is str and (name is None or type(name) is str):
+                continue
+        read_message(raw, index)
+    if len(frame_of(body)) == len(given):
+        raise ChatError("messages: only system messages; send the chat's messages too")
+
+
 def text_of(content: Any, where: str) -> str:
     """A message's content as text: a string, or OpenAI's content parts (their text parts)."""
     if isinstance(content, str):
@@ -132,15 +163,7 @@ def chat_story(
         if index < alike:  # sent as before: read before
             messages.append(kept[len(messages)])
             continue
-        if not isinstance(raw, dict):
-            raise ChatError(f"messages[{index}]: expected an object with role and content")
-        role = ROLES.get(str(raw.get("role")))
-        if role is None:
-            raise ChatError(
-                f"messages[{index}]: role {raw.get('role')!r} cannot be assembled;"
-                " ctx serve takes system, user and assistant"
-            )
-        content, name = _content(raw, index), _name(raw, index)
+        role, content, name = read_message(raw, index)
         n = len(messages)
         if same and n < len(kept):
             old = kept[n]

@@ -1,27 +1,29 @@
-"""Each chat's state, in one object (`Session`), and the one registry of them (`Sessions`).
+"""One chat's state (`Session`), in parts that each own their fields and name their lock.
 
-A chat is one branch of an opening: a request whose dialogue (its user and assistant messages)
-parts from every branch of its opening that serve knows — not a continuation of one, nor one cut
-short (a swipe, a deleted reply), nor one with a message edited, deleted or put in (`edited`) —
-forks the branch it shares the most with (`Session.fork`): the fork starts with its state, and
-has its own from then on, its summaries file included (`pool`), which reads the parent's scenes
-that still tell it until it has its own. So a SillyTavern branch and the chat it came from are
-two chats that share their common summaries.
+A session is made of:
+- its identity (which chat, which branch, its dialogue as last sent): `Session` itself, written
+  by the registry (`sessions.Sessions`) under the registry's lock;
+- `TurnState`, what one turn hands the next (the story as read, the frame, the walk, the shape a
+  small window made it take): written by the turn being assembled, under `Session.lock`;
+- `SidecarState`, which summaries file it reads and what was last worked out from it: its own
+  lock (a turn writes it; the summarizer reads the chat's records through it);
+- `SummaryState`, where its summaries stand: its own lock (the summarizer and the turns);
+- `Turns`, what each turn sent and the backend reused: its own lock (the event loop appends,
+  `/ctx/stats` reads).
 
-A chat's story as last read, its stable-policy walk, its frame as remembered, the shape
-a small window made it take, its turns, and where its summaries stand all live on its session;
-the registry holds the one bound (`MOST_SESSIONS`, least recently used evicted whole) and the
-one lock. No other module of serve keeps a map keyed by chat.
+Every field is assigned only by its part's own methods (tests/test_serve_state.py checks it).
+What is worked out from a sidecar's records and a story's messages is kept as `Known`, whose key
+says what it depends on.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
-from collections import OrderedDict, deque
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from ..assemble import Walked
 from ..story.model import Message, Scene, Story
@@ -31,56 +33,200 @@ from .chats import Chat, digest
 from .frame import FrameMemory
 from .stats import Turn
 
-#: the chats kept (each holds its story, some hundred bytes a message); the least recently used
-#: goes first, whole
-MOST_SESSIONS = 256
+T = TypeVar("T")
 #: the turns a chat's stats keep
 MOST_TURNS = 1000
-#: the branches of one opening kept (the least recently used goes first)
-MOST_BRANCHES = 8
+
+
+@dataclass(frozen=True)
+class Known(Generic[T]):
+    """A value worked out from a sidecar's `records` and a story's `messages`. It stands while the
+    records are the same list (a file read again is a new one) and the story holds those
+    messages first, as they were (it only grew)."""
+
+    records: Sequence[Record]
+    messages: tuple[Message, ...]
+    value: T
+
+    def holds(self, records: Sequence[Record], messages: Sequence[Message]) -> bool:
+        return self.records is records and common_length(messages, self.messages) == len(self.messages)
+
+
+class TurnState:
+    """What a chat's turn hands the next. Lock: `Session.lock`, held by the turn being assembled."""
+
+    def __init__(self) -> None:
+        self.sent: Any = ()  # the messages its last request sent, as decoded
+        self.story: Story | None = None  # the story read from them (the next request is read against it)
+        self.frame = FrameMemory()  # its frame across turns
+        self.walk: Walked | None = None  # the stable policy's walk at its last turn
+        self.rung = 0  # how far down serve's small-window ladder it went (past its last: truncating)
+        self.cut = 0  # when truncating: the number of the first message its last turn kept (0: none)
+        self.said = ""  # what serve said, once, of the shape it chose for a small window
+
+    def read(self, sent: Any, story: Story) -> None:
+        self.sent, self.story = sent, story
+
+    def shaped(self, rung: int, walk: Walked | None, cut: int | None = None) -> None:
+        """On `rung` of the ladder, with this walk (and, when given, a truncation's `cut`)."""
+        self.rung, self.walk = rung, walk
+        if cut is not None:
+            self.cut = cut
+
+    def truncated_at(self, cut: int) -> None:
+        self.cut = cut
+
+    def say(self, said: str) -> bool:
+        """Whether `said` is news (then it is remembered)."""
+        news, self.said = said != self.said, said
+        return news
+
+    def copied(self) -> TurnState:
+        made = copy.copy(self)
+        made.frame = copy.deepcopy(self.frame)
+        return made
+
+
+class SidecarState:
+    """Which summaries file a chat reads and what a turn last made of its records. Lock: `lock`,
+    its own (a turn writes it; the summarizer asks it for the chat's records)."""
+
+    def __init__(self, own_pool: str = "", inherits: str | None = None) -> None:
+        self.lock = threading.RLock()
+        self.own_pool = own_pool  # its file's name, "" for its opening's (`Chat.pool`)
+        self.inherits = inherits  # the file whose scenes that still tell it it reads until it has its own
+        self.placed = False  # its file chosen among its opening's, on its first turn (`Store.place`)
+        self.inherited: Known[list[Record]] | None = None  # the parent's records that still tell it
+        self.judged: Known[Judged] | None = None  # the verdict on its records
+        self.held: Sequence[Record] | None = None  # the records a turn uses while the summarizer writes
+        # the scenes a turn last used: the messages and the verdict they were made for, and the scenes
+        self.scenes: tuple[tuple[Message, ...], Judged, tuple[Scene, ...]] | None = None
+
+    def forked(self, own_pool: str, inherits: str) -> SidecarState:
+        """A branch's: a file of its own, reading this one's; what was worked out kept (its
+        provisional scenes go on while its messages are the same)."""
+        made = SidecarState(own_pool, inherits)
+        with self.lock:
+            made.judged, made.held, made.scenes = self.judged, self.held, self.scenes
+        return made
+
+    def place(self, own_pool: str, inherits: str | None) -> None:
+        with self.lock:
+            self.own_pool, self.inherits, self.placed = own_pool, inherits, True
+
+    def keep_inherited(self, known: Known[list[Record]]) -> None:
+        with self.lock:
+            self.inherited = known
+
+    def keep_judged(self, known: Known[Judged]) -> None:
+        with self.lock:
+            self.judged = known
+
+    def hold(self, records: Sequence[Record]) -> None:
+        with self.lock:
+            self.held = records
+
+    def keep_scenes(self, messages: tuple[Message, ...], judged: Judged, scenes: tuple[Scene, ...]) -> None:
+        with self.lock:
+            self.scenes = (messages, judged, scenes)
+
+
+class SummaryState:
+    """Where a chat's summaries stand. Lock: `lock`, its own (the summarizer's thread and the turns)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.wanted: Story | None = None  # the story to summarize, when there is time
+        self.working: Any = None  # the `summaries.Work` under way
+        self.failed_at = -1  # the length of the story that failed (not retried until it grows)
+        self.why = ""  # why its summaries could not be written, the last time
+        self.complete_at = -1  # the length of the story last found with nothing to do
+
+    def wish(self, story: Story, scene: int) -> bool:
+        """Want `story` summarized, unless it failed at this length or was found complete less
+        than a `scene`'s worth of messages ago; whether it is wanted."""
+        with self.lock:
+            if self.failed_at >= len(story) or len(story) < self.complete_at + scene:
+                return False
+            self.wanted = story
+            return True
+
+    def begin(self, make: Any) -> Any:
+        """The work for the story wanted (`make(story)`), now under way; None when none is wanted."""
+        with self.lock:
+            story, self.wanted = self.wanted, None
+            self.working = make(story) if story is not None else None
+            return self.working
+
+    def end(self, *, complete_at: int | None = None, failed_at: int | None = None, why: str | None = None) -> None:
+        with self.lock:
+            if complete_at is not None:
+                self.complete_at = complete_at
+            if failed_at is not None:
+                self.failed_at = failed_at
+            if why is not None:
+                self.why = why
+
+    def planned(self, plan: Any, progress: Any) -> None:
+        """The work under way has its plan, and counts its requests in `progress`."""
+        with self.lock:
+            self.working.begun(plan, progress)
+
+    def done(self) -> None:
+        with self.lock:
+            self.working = None
+
+    @property
+    def busy(self) -> bool:
+        with self.lock:
+            return self.working is not None
+
+    @property
+    def left(self) -> int:
+        """The summary requests still to send for the work under way."""
+        with self.lock:
+            return self.working.requests_left if self.working is not None else 0
+
+
+class Turns:
+    """What each turn of a chat sent and the backend reused, the newest `MOST_TURNS`. Lock: `lock`,
+    its own (the event loop adds, `/ctx/stats` reads)."""
+
+    def __init__(self, turns: Sequence[Turn] = ()) -> None:
+        self.lock = threading.Lock()
+        self._turns: deque[Turn] = deque(turns, maxlen=MOST_TURNS)
+
+    def add(self, turn: Turn) -> int:
+        """Add `turn`; its number among the chat's turns."""
+        with self.lock:
+            self._turns.append(turn)
+            return len(self._turns)
+
+    def all(self) -> list[Turn]:
+        with self.lock:
+            return list(self._turns)
+
+    def __bool__(self) -> bool:
+        return bool(self._turns)
 
 
 @dataclass(eq=False)
 class Session:
-    """One chat, as serve knows it across its turns."""
+    """One chat, as serve knows it across its turns. Its identity (`chat`, `branch`, `dialogue`,
+    `numbers`) is the registry's to write, under its lock (`Sessions.lock`); `lock` is the turn's,
+    held while a turn of it is assembled and guarding `turn`."""
 
     chat: Chat
-    lock: threading.Lock = field(default_factory=threading.Lock)  # held while a turn of it is assembled
-    # which branch of its opening it is: "" the first; its dialogue as last sent ((role, name,
-    # content) of each user and assistant message) and each one's number in its story
-    branch: str = ""
+    branch: str = ""  # which branch of its opening it is: "" the first
+    # its dialogue as last sent ((role, name, content) of each user and assistant message) and
+    # each one's number in its story
     dialogue: Sequence[tuple[Any, Any, Any]] = ()
     numbers: Sequence[int] = ()
-    # its summaries file's name (`Store.path`), "" for its opening's (`Chat.pool`); the file whose
-    # scenes that still tell it it reads until it has its own
-    own_pool: str = ""
-    inherits: str | None = None
-    inherited: tuple[Sequence[Record], tuple[Message, ...], list[Record]] | None = None  # (`Store.records_of`)
-    placed: bool = False  # its file chosen among its opening's (`Store.story`, on its first turn)
-    # its last request: the messages as sent, and the story read from them (the next request is
-    # read against it, so the messages sent alike are the same objects)
-    sent: Any = ()
-    story: Story | None = None
-    frame: FrameMemory = field(default_factory=FrameMemory)  # its frame across turns
-    walk: Walked | None = None  # the stable policy's walk at its last turn
-    rung: int = (
-        0  # how far down serve's small-window ladder it went (0: the settings as given; past its last: truncating)
-    )
-    cut: int = 0  # past the ladder: the number of the first message its last turn kept (0: none)
-    said: str = ""  # what serve said, once, of the shape it chose for a small window
-    turns: deque[Turn] = field(default_factory=lambda: deque(maxlen=MOST_TURNS))
-    # its summaries: the records last judged (and the messages, and the verdict), the records a
-    # turn assembles with while the summarizer is still writing (one swap when it is done)
-    judged: tuple[Sequence[Record], tuple[Message, ...], Judged] | None = None
-    held: Sequence[Record] | None = None
-    # the scenes a turn last used: the messages and the verdict they were made for, and the scenes
-    scenes: tuple[tuple[Message, ...], Judged, tuple[Scene, ...]] | None = None
-    # the summarizer's view of it
-    wanted: Story | None = None  # the story to summarize, when there is time
-    working: Any = None  # the `summaries.Work` under way
-    failed_at: int = -1  # the length of the story that failed (not retried until it grows)
-    why: str = ""  # why its summaries could not be written, the last time
-    complete_at: int = -1  # the length of the story last found with nothing to do
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    turn: TurnState = field(default_factory=TurnState)
+    sidecar: SidecarState = field(default_factory=SidecarState)
+    summaries: SummaryState = field(default_factory=SummaryState)
+    stats: Turns = field(default_factory=Turns)
 
     @property
     def key(self) -> str:
@@ -89,80 +235,21 @@ class Session:
     @property
     def pool(self) -> str:
         """The name of its summaries file."""
-        return self.own_pool or self.chat.pool
+        return self.sidecar.own_pool or self.chat.pool
+
+    def saw(self, dialogue: Sequence[tuple[Any, Any, Any]], numbers: Sequence[int]) -> None:
+        self.dialogue, self.numbers = dialogue, numbers
+
+    def named(self, chat: Chat) -> None:
+        """The chat is now named (its first request with a name): it keeps its turns and walk."""
+        self.chat = chat
 
     def fork(self, common: int, dialogue: Sequence[tuple[Any, Any, Any]], numbers: Sequence[int]) -> Session:
         """A branch that shares its first `common` dialogue messages with this one: this one's
-        state, with a summaries file of its own that reads this one's scenes that still tell it,
-        and summaries of its own to write."""
+        turn state and turns, with a summaries file of its own that reads this one's scenes that
+        still tell it, and summaries of its own to write."""
         name = digest([self.pool, numbers[common], dialogue[common]])[:10]
-        return replace(
-            self, lock=threading.Lock(), frame=copy.deepcopy(self.frame), turns=deque(self.turns, maxlen=MOST_TURNS),
-            branch=name, own_pool=f"{self.chat.pool}-{name}", inherits=self.pool, inherited=None, placed=False,
-            wanted=None, working=None, failed_at=-1, why="", complete_at=-1,
+        return Session(
+            self.chat, name, dialogue, numbers, turn=self.turn.copied(), stats=Turns(self.stats.all()),
+            sidecar=self.sidecar.forked(f"{self.chat.pool}-{name}", self.pool),
         )  # fmt: skip
-
-
-def edited(new: Sequence[Any], old: Sequence[Any], shared: int) -> bool:
-    """Whether `new` is `old` with one message edited, deleted or put in at `shared` (the first
-    they differ at): after it, they go on alike, as far as both go."""
-    for a, b in ((shared + 1, shared + 1), (shared, shared + 1), (shared + 1, shared)):
-        rest = min(len(new) - a, len(old) - b)
-        if rest > 0 and new[a : a + rest] == old[b : b + rest]:
-            return True
-    return len(old) - shared <= 2  # its newest message edited (and the reply to it gone): not a branch
-
-
-class Sessions:
-    """Every chat's session: found by its key, made on its first turn, evicted least recently
-    used past `most`. A named chat's first turn takes over the unnamed session of the same
-    opening (naming a chat in SillyTavern keeps its turns and walk, and its summaries are the
-    opening's anyway)."""
-
-    def __init__(self, most: int = MOST_SESSIONS) -> None:
-        self.most = most
-        self.lock = threading.RLock()
-        self._sessions: OrderedDict[str, Session] = OrderedDict()
-
-    def find(self, chat: Chat, dialogue: Sequence[tuple[Any, Any, Any]] = (), numbers: Sequence[int] = ()) -> Session:
-        """The branch of `chat` this request continues (or cuts short), made when none is; a
-        fork of the one it shares the most with when it parts from each. `dialogue`: the
-        request's user and assistant messages as (role, name, content), `numbers` their
-        numbers in its story."""
-        with self.lock:
-            family = [s for s in self._sessions.values() if s.chat.key == chat.key]
-            if not family and chat.named:  # naming a chat keeps the unnamed one's turns and walk
-                family = [s for s in self._sessions.values() if s.chat.key == chat.pool and not s.chat.named]
-                for session in family:
-                    del self._sessions[session.key]
-                    session.chat = chat
-            if not family:
-                session = Session(chat)
-            else:  # the one it shares the most with; a tie goes to the most recent
-                shared, session = max(
-                    ((common_length(dialogue, s.dialogue), s) for s in reversed(family)), key=lambda found: found[0]
-                )
-                if (
-                    shared < len(dialogue)
-                    and shared < len(session.dialogue)
-                    and not edited(dialogue, session.dialogue, shared)
-                ):
-                    session = session.fork(shared, dialogue, numbers)
-                    if len(family) >= MOST_BRANCHES:
-                        del self._sessions[min(family, key=self._age).key]
-            session.dialogue, session.numbers = dialogue, numbers
-            self._sessions[session.key] = session
-            self._sessions.move_to_end(session.key)
-            while len(self._sessions) > self.most:
-                self._sessions.popitem(last=False)
-            return session
-
-    def _age(self, session: Session) -> int:
-        return list(self._sessions).index(session.key)
-
-    def __iter__(self) -> Iterator[Session]:
-        with self.lock:
-            return iter(list(self._sessions.values()))
-
-    def __len__(self) -> int:
-        return len(self._sessions)

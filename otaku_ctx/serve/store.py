@@ -32,7 +32,8 @@ from ..summarize import Cutting, pack
 from ..summarize.extract import history_extract, summary_extract
 from ..tokens import common_length
 from .chats import digest
-from .session import MOST_SESSIONS, Session
+from .session import Known, Session
+from .sessions import MOST_SESSIONS
 
 #: a provisional scene's `source` (`Scene.source`): ctx's extract, standing in for the model's
 PROVISIONAL = "provisional"
@@ -78,22 +79,23 @@ class Store:
     def records_of(self, session: Session, story: Story) -> tuple[list[Record], bool]:
         """A chat's records, and whether they are its own file's: until a fork's own file is
         written, its parent's records that are not stale for it (a branch's own scenes are)."""
-        if session.inherits is None or self.path(session.pool).exists():
+        sidecar = session.sidecar
+        with sidecar.lock:
+            inherits, known = sidecar.inherits, sidecar.inherited
+        if inherits is None or self.path(session.pool).exists():
             return self.records(session.pool), True
-        parent = self.records(session.inherits)
-        known = session.inherited
-        if known is not None and known[0] is parent and common_length(story.messages, known[1]) == len(known[1]):
-            return known[2], False  # the same file, the story only grew: a branch's scenes stay stale
+        parent = self.records(inherits)
+        if known is not None and known.holds(parent, story.messages):
+            return known.value, False  # the same file, the story only grew: a branch's scenes stay stale
         stale = {r.id for r in judge(story, parent).stale}
         kept = [r for r in parent if r.id not in stale]
-        session.inherited = (parent, story.messages, kept)
+        sidecar.keep_inherited(Known(parent, story.messages, kept))
         return kept, False
 
     def place(self, session: Session, story: Story) -> None:
         """A chat's file, on its first turn and when its file turns out to tell another branch:
         of its opening's files the one none of whose scenes is stale for it, with the most
         scenes; else a fork of the file it reads (its scenes before the branch point shared)."""
-        session.placed = True
         main = session.chat.pool
         best: tuple[int, str] | None = None
         for path in sorted(self.folder.glob(f"{main}*{SUFFIX}")):
@@ -103,31 +105,34 @@ class Store:
                 if not judged.stale and len(judged.usable) > (best[0] if best else -1):
                     best = (len(judged.usable), pool)
         if best is not None:
-            session.own_pool, session.inherits = ("" if best[1] == main else best[1]), None
+            session.sidecar.place("" if best[1] == main else best[1], None)
             return
         judged = judge(story, self.records_of(session, story)[0])
         if another_branch(judged):
             at = judged.stale[0].start
             said = story.messages[at - 1].content if at <= len(story.messages) else ""
-            session.inherits, session.own_pool = session.pool, f"{main}-{digest([session.pool, at, said])[:10]}"
+            session.sidecar.place(f"{main}-{digest([session.pool, at, said])[:10]}", session.pool)
+        else:
+            session.sidecar.place(session.sidecar.own_pool, session.sidecar.inherits)
 
     def story(self, session: Session, story: Story, *, hold: bool) -> Story:
         """The chat with its scenes: the sidecar's records that still tell its messages, then
         provisional ones up to its settled end. `hold`: the summarizer is writing this chat's
         summaries, so the turn assembles with the records of the turn before (the model's
         summaries come in at once when it is done, one change of the prompt, not one a scene)."""
-        if hold and session.held is not None:
-            records = session.held
+        sidecar = session.sidecar
+        if hold and sidecar.held is not None:
+            records = sidecar.held
             judged = self._judged(session, story, records)
         else:
             records = self.records_of(session, story)[0]
             judged = self._judged(session, story, records)
-            if not session.placed or another_branch(judged):
+            if not sidecar.placed or another_branch(judged):
                 self.place(session, story)
                 records = self.records_of(session, story)[0]
                 judged = self._judged(session, story, records)
-            session.held = records
-        known = session.scenes
+            sidecar.hold(records)
+        known = sidecar.scenes
         if known is not None and known[1] is judged and not any(x.source == PROVISIONAL for x in known[2]):
             # the same verdict and nothing of ctx's own: the same Scene objects, whose prices the walk
             # knows, unless a scene's worth more has settled
@@ -136,7 +141,7 @@ class Store:
             if covered >= settled or not pack(story.messages[covered:settled], self.cutting):
                 return replace(story, scenes=known[2])
         scenes = scenes_of(session, story, judged, self.cutting, self.words)
-        session.scenes = (story.messages, judged, scenes)
+        sidecar.keep_scenes(story.messages, judged, scenes)
         return replace(story, scenes=scenes)
 
     @staticmethod
@@ -144,12 +149,12 @@ class Store:
         """`judge`, kept while the records are the same and the story only grew: a chat's next
         turn is its last one and the messages after it (the same objects, as `chat_story` keeps
         them), so a verdict that found every record fresh stands."""
-        known = session.judged
-        if known is not None and known[0] is records and common_length(story.messages, known[1]) == len(known[1]):
-            return known[2]
+        known = session.sidecar.judged
+        if known is not None and known.holds(records, story.messages):
+            return known.value
         judged = judge(story, records)
         if judged.fresh == tuple(records):  # each fresh where it stands: more messages after change none
-            session.judged = (records, story.messages, judged)
+            session.sidecar.keep_judged(Known(records, story.messages, judged))
         return judged
 
 
@@ -210,9 +215,9 @@ def _provisional(order: int, start: int, end: int, summary: str, history: str) -
 def _still_told(session: Session, story: Story, covered: int) -> list[tuple[int, int, str]]:
     """The provisional scenes of the turn before that still stand: after what the records cover,
     over messages that are the same objects as then (sent alike)."""
-    if session.scenes is None:
+    if session.sidecar.scenes is None:
         return []
-    messages, _, scenes = session.scenes
+    messages, _, scenes = session.sidecar.scenes
     same = common_length(story.messages, messages)
     kept: list[tuple[int, int, str]] = []
     for scene in scenes:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..backend import Backend, BackendError, Reply
-from ..config import Settings
+from ..config import Settings, SummarizeSettings
 from ..errors import OtakuError
 from ..story.model import Story
 from ..story.sidecar import Record
@@ -108,11 +108,15 @@ class GatedBackend:
 
 @dataclass
 class Work:
-    """A chat's summaries being written: the requests of its plan, and how many are done."""
+    """A chat's summaries being written: the requests of its plan, and how many are done. Lock:
+    its session's `SummaryState.lock` (the summarizer writes it, `/ctx/stats` reads it)."""
 
     story: Story
     plan: Plan | None = None
     progress: Progress | None = None
+
+    def begun(self, plan: Plan, progress: Progress) -> None:
+        self.plan, self.progress = plan, progress
 
     @property
     def requests_left(self) -> int:
@@ -125,39 +129,51 @@ class Work:
 
 class Summarizer:
     """One thread that writes the summaries chats lack, a chat at a time, newest wish first.
-    What it knows of a chat is on the chat's session (`session.Session`); `counting` runs a
-    function with the counter of the chat's turns, on their thread (a counter is one thread's)."""
+    Where a chat's summaries stand is on its session (`session.SummaryState`); `counting` runs a
+    function with the counter of the chat's turns, on their thread (a counter is one thread's).
+    Its thread starts with the server and is joined when it stops (`http.Service`); it has
+    nothing to do until `use` gives it the backend and settings of serve's first chat request.
+    Lock: `_lock`, guarding the queue."""
 
     def __init__(
         self,
-        backend: Backend,
-        settings: Settings,
         store: Store,
         gate: Gate,
         counting: Callable[[Session, Callable[[TokenCounter], tuple[Plan, Prompts]]], tuple[Plan, Prompts]],
     ) -> None:
-        s = settings.summarize
-        # the summarizer asks the same server serve forwards to; its window is the server's
-        self.settings = replace(s, url=backend.url, model=backend.model, jobs=1)
-        self.backend = GatedBackend(backend, gate)
         self.store, self.gate, self.counting = store, gate, counting
+        self.backend: GatedBackend | None = None
+        self.settings: SummarizeSettings | None = None
         self.queue: list[Session] = []  # the sessions that want summaries; the newest wish is served first
         self._lock = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="ctx-serve-summaries", daemon=True)
 
+    def use(self, backend: Backend, settings: Settings) -> None:
+        """Ask `backend` (the server serve forwards to, whose window is the summaries'), with
+        `settings` as serve's first chat request made them."""
+        with self._lock:
+            self.settings = replace(settings.summarize, url=backend.url, model=backend.model, jobs=1)
+            self.backend = GatedBackend(backend, self.gate)
+
     def start(self) -> None:
         self._thread.start()
+
+    def stop(self, seconds: float) -> None:
+        """No further summary request; the thread joined within `seconds` (a request already on
+        the backend is left to its own timeout: its finished scenes are on disk)."""
+        self.gate.stop()
+        with self._lock:
+            self._lock.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(seconds)
 
     def want(self, session: Session, story: Story) -> None:
         """The chat as its latest request has it: summarize what it lacks, when there is time.
         A chat found complete is planned again once `min_messages` more have come (a scene's
         worth); one that failed, once it has grown."""
         with self._lock:
-            if session.failed_at >= len(story):
+            if self.settings is None or not session.summaries.wish(story, self.settings.min_messages):
                 return
-            if len(story) < session.complete_at + self.settings.min_messages:
-                return
-            session.wanted = story
             if session not in self.queue:
                 self.queue.append(session)
             self._lock.notify_all()
@@ -165,12 +181,7 @@ class Summarizer:
     def writing(self, session: Session) -> bool:
         """Whether this chat's summaries are planned or being written now."""
         with self._lock:
-            return session.working is not None or session in self.queue
-
-    def stop(self) -> None:
-        self.gate.stop()
-        with self._lock:
-            self._lock.notify_all()
+            return session in self.queue or session.summaries.busy
 
     def _loop(self) -> None:
         while True:
@@ -179,54 +190,51 @@ class Summarizer:
                 if self.gate.stopping:
                     return
                 session = self.queue.pop()
-                story, session.wanted = session.wanted, None
-                if story is None:
-                    continue
-                work = session.working = Work(story)
-            key = session.key[:12]
+            work = session.summaries.begin(Work)
+            if work is None:
+                continue
             try:
                 self._summarize(session, work)
             except Stopped:
                 return
-            except (OtakuError, OSError) as error:
+            except Exception as error:  # noqa: BLE001 - a bug here must not end the server
                 if self.gate.stopping:  # the request in flight when the server stopped: resumed next time
                     return
-                log.warning("chat %s: summaries not written: %s", key, error)
-                with self._lock:
-                    session.failed_at, session.why = len(story), str(error)
-            except Exception:  # noqa: BLE001 - a bug here must not end the server
-                if self.gate.stopping:  # the worker thread is gone: the server is stopping
-                    return
-                log.exception("chat %s: summaries not written", key)
-                with self._lock:
-                    session.failed_at = len(story)
-                    session.why = "an error in ctx serve itself (its log has the traceback)"
+                self._failed(session, work.story, error)
             finally:
-                with self._lock:
-                    session.working = None
+                session.summaries.done()
+
+    @staticmethod
+    def _failed(session: Session, story: Story, error: Exception) -> None:
+        key = session.key[:12]
+        if isinstance(error, OtakuError | OSError):
+            log.warning("chat %s: summaries not written: %s", key, error)
+            why = str(error)
+        else:
+            log.exception("chat %s: summaries not written", key)
+            why = "an error in ctx serve itself (its log has the traceback)"
+        session.summaries.end(failed_at=len(story), why=why)
 
     def _plan(self, story: Story, records: list[Record], count: TokenCounter) -> tuple[Plan, Prompts]:
+        assert self.settings is not None and self.backend is not None
         prompts = prompts_of(self.settings, count)
         return plan_for(story, records, prompts, self.settings, self.backend), prompts
 
     def _summarize(self, session: Session, work: Work) -> None:
+        assert self.backend is not None
         story, key, path = work.story, session.key[:12], self.store.path(session.pool)
         records, own = self.store.records_of(session, story)
         chosen, prompts = self.counting(session, lambda count: self._plan(story, records, count))
-        with self._lock:
-            session.why = ""
+        session.summaries.end(why="")
         if not chosen.requests:
-            with self._lock:
-                session.complete_at = len(story)
+            session.summaries.end(complete_at=len(story))
             return
-        progress = Progress()
-        with self._lock:
-            work.plan, work.progress = chosen, progress
+        session.summaries.planned(chosen, Progress())
         log.info("chat %s: writing summaries: %d scenes, %d requests", key, len(chosen.spans), len(chosen.requests))
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with Commits(path, records if own else []) as commits:  # the lock ctx summarize takes too; merged, appended
-                report = run(chosen, self.backend, prompts, commits.commit, progress)
+                report = run(chosen, self.backend, prompts, commits.commit, work.progress)
         except BackendError as error:
             raise OtakuError(str(error)) from None
         missing = f", {len(report.missing)} that no reply would do for" if report.missing else ""
@@ -234,7 +242,5 @@ class Summarizer:
             "chat %s: summaries written: %d scenes, %d histories, %d scenes in all%s",
             key, report.summaries, report.histories, report.scenes, missing,
         )  # fmt: skip
-        with self._lock:
-            session.complete_at = len(story)
-            if report.missing:
-                session.why = f"no reply of the model would do for {len(report.missing)} scenes"
+        why = f"no reply of the model would do for {len(report.missing)} scenes" if report.missing else None
+        session.summaries.end(complete_at=len(story), why=why)

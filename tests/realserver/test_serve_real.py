@@ -26,7 +26,8 @@ from conftest import Served, forwarded  # tests/realserver/conftest.py
 from server import built
 
 from otaku_ctx.config import ContextSettings, ModelSettings, ServeSettings, Settings, SummarizeSettings
-from otaku_ctx.serve.http import Running, Service
+from otaku_ctx.serve.http import Service
+from otaku_ctx.serve.listen import Running
 
 N = 400
 TURNS = 30

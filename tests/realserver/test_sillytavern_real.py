@@ -32,7 +32,8 @@ from conftest import forwarded  # tests/realserver/conftest.py
 from server import free_port, launch, stop
 
 from otaku_ctx.config import ServeSettings, Settings
-from otaku_ctx.serve.http import Running, Service
+from otaku_ctx.serve.http import Service
+from otaku_ctx.serve.listen import Running
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sillytavern-requests" / "seraphina-long-chat.jsonl"
 EDITS = {13}  # the request that follows an edit of the chat (message 260)

@@ -1,0 +1,95 @@
+"""The recording stage of a chat turn: what serve says of it — the one log line a turn, the
+shape a small window made a chat take (once), the refusal of a chat that cannot fit — and what
+`/ctx/stats` shows. Counts and settings only, never a chat's text."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .assemble import Assembled
+from .errors import DoesNotFit
+from .session import Session
+from .sessions import Sessions
+from .stats import Turn, Usage
+
+if TYPE_CHECKING:
+    from .setup import Setup
+
+log = logging.getLogger("otaku_ctx.serve")
+
+
+def say_shape(session: Session, assembled: Assembled, setup: Setup) -> None:
+    """Once a chat, when the backend's window made serve shape it otherwise than configured."""
+    if assembled.messages is None or (not assembled.rung and assembled.truncated is None):
+        return
+    c, given = setup.rungs[min(assembled.rung, len(setup.rungs) - 2)].context, setup.settings.context
+    if assembled.truncated is not None:
+        said = (
+            f"the window holds no head of {c.head_messages} and tail of {c.tail_floor} beside the frame: the"
+            " newest messages that fit are sent"
+        )
+    else:
+        said = (
+            f"head {c.head_messages} and tail floor {c.tail_floor} (the settings' {given.head_messages} and"
+            f" {given.tail_floor} do not fit the window beside the frame)"
+        )
+    if session.turn.say(said):
+        log.info("chat %s: %s", session.key[:12], said)
+
+
+def refusal(session: Session | None, assembled: Assembled) -> DoesNotFit:
+    """Case 6, which is now only a chat whose frame and newest message cannot fit: the error naming
+    the window it needs (and why the summaries could not help, when they could not be written)."""
+    refused = assembled.built.assembly.refusal
+    assert refused is not None
+    key = session.key[:12] if session is not None else "(probe)"
+    log.info("chat %s · %d messages · case 6 · refused (needs %d)", key, assembled.built.assembly.messages,
+             refused.needed_context)  # fmt: skip
+    remedy = "start the backend with a larger context, or send a shorter system prompt and card"
+    why = session.summaries.why if session is not None else ""
+    if why:
+        remedy += f" (the summaries could not be written: {why})"
+    return DoesNotFit(
+        f"this chat does not fit: its frame and newest message alone are {refused.smallest:,} tokens,"
+        f" the limit {refused.limit:,} (a {refused.context:,}-token window less {refused.reserve:,} for the reply);"
+        f" it needs a window of {refused.needed_context:,} tokens: {remedy}"
+    )
+
+
+def record(session: Session | None, assembled: Assembled, usage: Usage, seconds: float, cancelled: bool) -> None:
+    """A turn's end: kept in its chat's stats, and its one log line."""
+    a = assembled.built.assembly
+    turn = Turn(a.messages, a.case, a.tokens, a.limit, usage.prompt_tokens, usage.cached, round(seconds, 4),
+                cancelled)  # fmt: skip
+    cached = f"{turn.cached:,} cached" if turn.cached is not None else "cache not reported"
+    stopped = " · stopped by the client" if cancelled else ""
+    if session is None:
+        log.info("a one-message probe · %s tokens sent · %s%s", f"{a.tokens:,}", cached, stopped)
+        return
+    number = session.stats.add(turn)
+    log.info(
+        "chat %s · turn %d · %d messages · case %d · %s tokens sent (limit %s) · %s · ctx %.3f s%s",
+        session.key[:12], number, a.messages, a.case, f"{a.tokens:,}", f"{a.limit:,}", cached, seconds, stopped,
+    )  # fmt: skip
+
+
+def stats_of(sessions: Sessions) -> dict[str, Any]:
+    """`GET /ctx/stats`: each chat that has had a turn, its case, its summaries, its turns."""
+    chats = []
+    for session in sessions:
+        turns = session.stats.all()
+        if not turns:
+            continue
+        chats.append(
+            {
+                "chat": session.key,
+                "named": session.chat.named,
+                "case": turns[-1].case,
+                "summaries_left": session.summaries.left,
+                "summaries_failed": session.summaries.why,
+                "shape": session.turn.said or "as configured",
+                "turns": [t.facts() for t in turns],
+            }
+        )
+    return {"chats": chats}

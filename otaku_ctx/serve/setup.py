@@ -1,0 +1,147 @@
+"""What serve counts and assembles with, made once, and the worker threads that do it.
+
+The first chat request works out the settings for the backend (`counted`: the model's parts, and
+the server's own tokenizer where it has one and the user named none) and serve's small-window
+ladder (`assemble.ladder`). ctx's own work runs beside the event loop on a worker thread (`Lane`):
+one for the chats of fewer than `LONG_CHAT` messages and one for the longer, so that a long
+chat's first turn (seconds, at 100,000 messages) holds up no other chat's. A counter is one
+thread's, so each lane has its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from ..backend import Backend, NoTokenizer
+from ..build import counter_for, with_model
+from ..config import ModelSettings, Settings
+from ..tokens import TokenCounter
+from .assemble import ladder
+
+log = logging.getLogger("otaku_ctx.serve")
+T = TypeVar("T")
+
+#: a chat of this many messages or more is long: its turns run on the long chats' worker
+LONG_CHAT = 5000
+
+
+def serving(settings: Settings) -> Settings:
+    """serve's own defaults, where the settings keep the built-in ones: the stable cache policy
+    (a server's chat is what it is for) and messages labelled only with the names the frontend
+    sent (`[prompt] speakers = "as_given"`)."""
+    context, prompt = settings.context, settings.prompt
+    if context.cache == "exact":
+        context = replace(context, cache="stable")
+    if prompt.speakers == "labelled":
+        prompt = replace(prompt, speakers="as_given")
+    return replace(settings, context=context, prompt=prompt)
+
+
+def counted(settings: Settings, backend: Backend) -> tuple[Settings, TokenCounter]:
+    """The settings for this backend and their counter: the user's own tokenizer when they chose
+    one (`[model] use`, or a tokenizer set); else the server's, where it counts; else the
+    configured one, said in the log."""
+    model = settings.model
+    # the user's own choice: given, or set to other than the default (`config init` writes them all)
+    chose = bool(model.use) or "model.tokenizer" in settings.given or model.tokenizer != ModelSettings().tokenizer
+    server = backend.server()  # a server that is down says so here, at once
+    if not chose:
+        if server.counts:
+            served = replace(settings, model=replace(model, tokenizer="server", server=model.server or backend.url))
+            try:
+                return served, counter_for(served)
+            except NoTokenizer as why:
+                log.warning("counting with %s: %s", model.tokenizer, why)
+        else:
+            log.warning(
+                "counting with %s: the backend has no tokenize endpoint (for exact counts set [model] use)",
+                model.tokenizer,
+            )
+    settings = with_model(settings)
+    return settings, counter_for(settings)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A lane's settings, its counter, and the settings of each rung of the small-window ladder."""
+
+    settings: Settings
+    count: TokenCounter
+    rungs: tuple[Settings, ...]
+
+
+class Lane:
+    """A worker thread and its setup (its own counter: a counter, and so a pipeline, is one
+    thread's). Lock: `Lanes._lock` guards `setup`."""
+
+    def __init__(self, name: str) -> None:
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self.setup: Setup | None = None
+
+    def set_up(self, setup: Setup) -> None:
+        self.setup = setup
+
+    async def run(self, work: Callable[[], T]) -> T:
+        """`work` on this lane's thread, from the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, work)
+
+    def wait(self, work: Callable[[], T]) -> T:
+        """`work` on this lane's thread, from another thread (the summarizer's)."""
+        return self.pool.submit(work).result()
+
+
+class Lanes:
+    """The two lanes and the backend they count for. The first request's "model" names the model
+    the backend is asked about (and the summaries asked of) when `--model` names none; `made` is
+    told of the backend and settings once they are known (the summarizer's `use`)."""
+
+    def __init__(
+        self, settings: Settings, backend_for: Callable[[str], Backend], made: Callable[[Backend, Settings], None]
+    ) -> None:
+        s = settings.serve
+        self.settings, self.backend_for, self.made = settings, backend_for, made
+        self.backend = backend_for(s.model or settings.summarize.model or "")
+        self.lanes = (Lane("ctx-serve"), Lane("ctx-serve-long"))  # the chats of fewer than LONG_CHAT, the longer
+        self._lock = threading.Lock()
+
+    def lane(self, messages: int) -> Lane:
+        """The lane of a chat of this many messages."""
+        return self.lanes[messages >= LONG_CHAT]
+
+    def setup(self, lane: Lane, model_name: str = "") -> Setup:
+        """`lane`'s setup, made once: the first lane's first, and the other's a copy with a counter
+        of its own. On the lane's own thread."""
+        with self._lock:
+            first = self.lanes[0]
+            if first.setup is None:
+                if not self.backend.model and model_name:
+                    self.backend = self.backend_for(model_name)
+                settings, count = counted(serving(self.settings), self.backend)
+                first.set_up(Setup(settings, count, ladder(settings)))
+                self.made(self.backend, settings)
+            assert first.setup is not None
+            if lane.setup is None:
+                lane.set_up(replace(first.setup, count=counter_for(first.setup.settings)))
+            assert lane.setup is not None
+            return lane.setup
+
+    def window(self, settings: Settings) -> int:
+        """The backend's window (llama.cpp's /props, vLLM's /v1/models, Ollama's /api/show),
+        else `[model] window`."""
+        return self.backend.window() or settings.model.window
+
+    def counting(self, messages: int, work: Callable[[TokenCounter], T]) -> T:
+        """`work` with the counter of a chat of this many `messages`, on its lane's thread, from
+        another (the summarizer's)."""
+        lane = self.lane(messages)
+        return lane.wait(lambda: work(self.setup(lane).count))
+
+    def close(self) -> None:
+        for lane in self.lanes:
+            lane.pool.shutdown(wait=False, cancel_futures=True)

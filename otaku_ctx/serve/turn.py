@@ -1,0 +1,66 @@
+"""The assembling stage of a chat turn, on its lane's thread: the chat's session taken, its story
+read against the last one, its scenes (the summaries, else provisional ones), its frame placed,
+and the turn assembled (`assemble.assemble_chat`); then its summaries wished for."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..config import ServeSettings
+from ..story.model import Story
+from .assemble import Assembled, assemble_chat
+from .chats import FramePart, chat_story, framed
+from .record import say_shape
+from .request import Request
+from .session import Session, TurnState
+from .sessions import Sessions
+from .setup import Setup
+from .store import Store
+from .summaries import Summarizer
+
+#: the depth that places the frame's moving parts at the tail's first message, whatever the chat's length
+TAIL = 1 << 30
+
+
+def assemble_turn(
+    request: Request, setup: Setup, window: int, sessions: Sessions, store: Store, summarizer: Summarizer | None
+) -> tuple[Session | None, Assembled]:
+    """The turn as sent on, and its chat's session (None for a probe, which is answered as it is
+    and remembered nowhere)."""
+    if request.chat.probe:
+        probe = chat_story(request.body)
+        return None, assemble_chat(probe, setup.rungs, setup.count, window=window, max_tokens=request.max_tokens)
+    session = sessions.take(request.chat, request.dialogue, request.numbers)
+    with session.lock:  # its turn on another lane (the one that made it long) is done first
+        state = session.turn
+        story = chat_story(request.body, state.story, sent_before=state.sent)
+        state.read(request.body["messages"], story)
+        told = store.story(session, story, hold=summarizer is not None and summarizer.writing(session))
+        serve = setup.settings.serve
+        for keep in (serve.frame_sticky, 0) if serve.frame_sticky else (0,):  # what stopped being sent goes first
+            placed = placed_frame(state, told, request.frame, serve, keep, store.cutting.settle)
+            assembled = assemble_chat(
+                placed, setup.rungs, setup.count, window=window, max_tokens=request.max_tokens, state=state,
+                played=bool(session.stats),
+            )  # fmt: skip
+            if assembled.messages is not None:
+                break
+        say_shape(session, assembled, setup)
+    if summarizer is not None:
+        summarizer.want(session, story)
+    return session, assembled
+
+
+def placed_frame(
+    state: TurnState, story: Story, sent: Sequence[FramePart], serve: ServeSettings, sticky: int, settle: int
+) -> Story:
+    """The story with the frame this turn sends on (`frame.FrameMemory`: parts as first sent, those
+    that stopped `sticky` messages), the parts that stay first and the moving ones at
+    `frame_depth`, and the system messages inside the chat held where they were (`depth_hold`);
+    with `stable_frame` off, all as the frontend sent it."""
+    if not serve.stable_frame:
+        return story
+    story = state.frame.held(story, serve.depth_hold, settle)
+    frame = state.frame.frame(sent, len(story.messages), sticky)
+    depth = TAIL if serve.frame_depth == "tail" else serve.frame_depth
+    return framed(story, frame, state.frame.moving(frame), depth)
