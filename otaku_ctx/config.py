@@ -210,7 +210,7 @@ class LoreSettings:
 @dataclass(frozen=True)
 class SummarizeSettings:
     """`[summarize]`: `ctx summarize`, which writes scene summaries and histories with the
-    user's own model server (README: "Summaries")."""
+    user's own model server (docs/summarize.md)."""
 
     url: str = setting("", "the model server's OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1", "text")
     model: str = setting("", 'the "model" asked for (the server\'s name for it)', "text")

@@ -27,7 +27,7 @@ from .errors import ConfigError, InputError, OtakuError, OutputError, StoryError
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
-# The most bytes each kind of input may hold (README: "Inputs, outputs and bounds"). Each is
+# The most bytes each kind of input may hold (docs/files.md, "Inputs, outputs and bounds"). Each is
 # far past any real file of its kind; all but the story are read whole into memory. The
 # story's is the default of `--max-story-size`.
 BOUNDS: dict[str, int] = {

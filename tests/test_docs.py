@@ -51,3 +51,12 @@ def test_docs_cite_the_repository_copy_of_the_design() -> None:
         if re.search(r"(?<![/\w])ARCHITECTURE\.md|\.\./shared", path.read_text(encoding="utf-8"))
     ]
     assert not stale, f"cite docs/architecture.md instead: {stale}"
+
+
+def test_the_cli_reference_is_the_commands_own_help() -> None:
+    """docs/cli.md is written from each command's `--help` (`otaku_ctx/cli/reference.py`): a
+    changed help text, option or command changes the page."""
+    from otaku_ctx.cli.reference import COMMAND, reference
+
+    page = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert page == reference(), f"docs/cli.md is not the commands' help: run `{COMMAND}` to update it"

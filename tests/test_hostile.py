@@ -299,6 +299,6 @@ def test_hostile_input(
 
 
 def test_the_table_covers_every_kind_and_every_hostile_file() -> None:
-    """Every kind in BOUNDS is read by some row, and the table holds what the README says."""
+    """Every kind in BOUNDS is read by some row, and the table holds what docs/files.md says."""
     assert {given.kind for given in INPUTS} == set(BOUNDS)
     assert len(CASES) >= 150

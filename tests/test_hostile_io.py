@@ -457,7 +457,7 @@ def test_the_story_bound_is_a_flag(tmp_path: Path, expected: str) -> None:
 
 
 def test_the_stated_bounds() -> None:
-    """The README's table, and the config reader's own bound, are these."""
+    """docs/files.md's table, and the config reader's own bound, are these."""
     assert BOUNDS == {
         "story": GiB,
         "card": 64 * MiB,
@@ -472,9 +472,9 @@ def test_the_stated_bounds() -> None:
         "prompt file": MiB,
     }
     assert CONFIG_BOUND == BOUNDS["config file"]
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    doc = (REPO / "docs" / "files.md").read_text(encoding="utf-8")
     for kind, bound in BOUNDS.items():
-        assert f"| {kind} | {size_text(bound)} |" in readme, kind
+        assert f"| {kind} | {size_text(bound)} |" in doc, kind
 
 
 # -- properties -------------------------------------------------------------------------------------

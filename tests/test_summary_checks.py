@@ -297,7 +297,7 @@ def test_a_summary_too_brief_for_its_scene_is_rejected() -> None:
 def test_the_scene_summaries_of_otakus_sample_stories_pass_every_check() -> None:
     """What a good summary is, for the thresholds: the scenes otaku's sample stories carry
     (tests/fixtures/otaku, written by a large model) are each written, summary and title, against
-    their own messages. A check made stricter than its README rule (a larger SCENE_WORD_SHARE,
+    their own messages. A check made stricter than its docs/summarize.md rule (a larger SCENE_WORD_SHARE,
     a smaller WORDS_PER_NAME) turns one of them down and fails here."""
     from otaku_ctx.story.detect import read_story
 

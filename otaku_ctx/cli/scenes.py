@@ -39,7 +39,7 @@ def scenes_cmd(
     debug: Debug = False,
 ) -> None:
     """List STORY's scenes (its own and its summaries file's) with their status: story, fresh,
-    touched, stale, rejected or missing (docs: README, Summaries)."""
+    touched, stale, rejected or missing (docs/summarize.md)."""
     from ..errors import UsageError
     from ..summarize.review import review
 

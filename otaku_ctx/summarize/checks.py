@@ -36,8 +36,8 @@ summary, the title, the history — is checked against the scene and the prompt 
   ledger). In German every noun is capitalised, and in Russian a name changes with its case
   (Мара, Марой): there a new noun or a name's other form is no invented name.
 
-`rejected` says why a text fails, or None. The rule is the README's ("Every reply is checked
-against its scene").
+`rejected` says why a text fails, or None. The rule is docs/summarize.md's ("The checks every
+reply must pass").
 """
 
 from __future__ import annotations

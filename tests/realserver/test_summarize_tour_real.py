@@ -4,7 +4,7 @@ SillyTavern chat of otaku's own sample story (tests/fixtures/otaku/make_tour_cha
 each message cut to about 320 characters and no scenes. The run completes, every scene and
 every history is written, and none of them fails the scene check a reply must pass (`ctx
 scenes` says so of each: `fresh` or `extract`, never `rejected` or `missing`); the chat is left
-as it was. The README's
+as it was. docs/summarize.md's
 "How small a model" gives the figures of three runs (about ten minutes each), and how few of
 the scenes this model writes itself: the test holds the contract, not the prose."""
 
