@@ -32,6 +32,11 @@ from .story.detect import read_story
 from .story.model import LoreEntry, Story
 from .tokens import TokenCounter
 
+# The pipeline's door, all the CLI may import from here (tests/test_cli_door.py): the settings
+# made ready for the model (`with_model`), a story read (`open_story`) and written back as native
+# JSONL (`native_text`, which resolves `{{char}}` as a build does), and the prompt built.
+__all__ = ["Budget", "Built", "Pipeline", "build", "native_text", "open_story", "with_model"]
+
 
 @dataclass(frozen=True)
 class Budget:
