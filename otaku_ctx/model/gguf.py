@@ -10,6 +10,11 @@ wrong is one `ConfigError` naming the file.
 A build that needs only the template or the window must not pay for 150,000 tokens: the big
 arrays (tokens, merges, types, scores) are walked past, their places kept, and read only by
 `Gguf.vocabulary()`.
+
+The reader says what the file says. The one thing it asks of llama.cpp's rules
+(`llamacpp.special_tokens`) is which BOS and EOS llama.cpp takes where the file is silent, for
+their texts are read with the header; what llama.cpp makes of the tokens themselves is the
+vocabulary layer's (vocab.py).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import ConfigError
+from .llamacpp import special_tokens
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -57,9 +63,6 @@ TYPE_NAMES = {
     7: "bool", 8: "string", 9: "array", 10: "uint64", 11: "int64", 12: "float64",
 }  # fmt: skip
 
-# Token types (`tokenizer.ggml.token_type`), as llama.cpp numbers them.
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-
 TOKENS = "tokenizer.ggml.tokens"
 
 _U32 = struct.Struct("<I")
@@ -89,7 +92,8 @@ class Vocabulary:
 @dataclass(frozen=True)
 class Gguf:
     """What `ctx` takes from a GGUF file. `metadata` holds every scalar, string and short
-    array; a long array is an `Array` there, read by `array(key)`."""
+    array; a long array is an `Array` there, read by `array(key)`. The BOS and EOS are those
+    llama.cpp takes (the file's own ids and flags stay in `metadata`)."""
 
     path: Path
     version: int
@@ -211,24 +215,6 @@ def _read_gguf(path: Path) -> Gguf:
 
 # -- what the metadata says -------------------------------------------------------------------
 
-# llama.cpp's defaults when the file does not say: (BOS id, EOS id, adds BOS, adds EOS), by
-# `tokenizer.ggml.model` (llama-vocab.cpp, load).
-_DEFAULTS: dict[str, tuple[int | None, int | None, bool, bool]] = {
-    "llama": (1, 2, True, False),
-    "bert": (101, None, True, False),
-    "gpt2": (11, 11, False, False),
-    "t5": (None, 1, False, True),
-    "rwkv": (None, None, False, False),
-    "plamo2": (1, 2, False, False),
-    "gemma4": (None, None, True, False),
-}
-# The BPE pre-tokenizers for which llama.cpp adds BOS unless the file says otherwise.
-_PRE_ADDS_BOS = frozenset(
-    {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"}
-    | {"tekken", "chameleon"}
-)
-_PRE_NO_BOS = frozenset({"chatglm-bpe", "glm4", "glm5"})
-
 
 def _described(
     path: Path, version: int, size: int, metadata: dict[str, object], identity: str, token: Callable[[int], str]
@@ -258,18 +244,9 @@ def _described(
     pre = text("tokenizer.ggml.pre")
     tokens = metadata.get("tokenizer.ggml.tokens")
     vocab_size = tokens.count if isinstance(tokens, Array) else len(tokens) if isinstance(tokens, tuple) else 0
-    bos, eos, add_bos, add_eos = _DEFAULTS.get(model, (None, None, False, False))
-    if model == "gpt2" and pre in _PRE_ADDS_BOS:
-        add_bos = True
-    if model == "gpt2" and pre in _PRE_NO_BOS:
-        bos = None
-    bos = _token_id(number("tokenizer.ggml.bos_token_id"), bos, vocab_size)
-    eos = _token_id(number("tokenizer.ggml.eos_token_id"), eos, vocab_size)
-    said_bos, said_eos = flag("tokenizer.ggml.add_bos_token"), flag("tokenizer.ggml.add_eos_token")
-    add_bos = add_bos if said_bos is None else said_bos
-    add_eos = add_eos if said_eos is None else said_eos
-    if pre in ("gemma4", "granite-embed-multi-311m") or model == "gemma4":
-        add_bos = True  # llama.cpp overrides the file here (it takes a "gemma4" vocabulary's pre as "gemma4")
+    said = (number("tokenizer.ggml.bos_token_id"), number("tokenizer.ggml.eos_token_id"))
+    said_added = (flag("tokenizer.ggml.add_bos_token"), flag("tokenizer.ggml.add_eos_token"))
+    bos, eos, add_bos, add_eos = special_tokens(model, pre, (*said, *said_added), vocab_size)
     window = number(f"{architecture}.context_length") if architecture else None
     return Gguf(
         path=path,
@@ -291,16 +268,6 @@ def _described(
         identity=identity,
         metadata=metadata,
     )
-
-
-def _token_id(said: int | None, default: int | None, vocab_size: int) -> int | None:
-    """The id llama.cpp takes: the file's when it is within the vocabulary, else the default
-    (itself dropped when outside)."""
-    if default is not None and default >= vocab_size:
-        default = None
-    if said is not None and 0 <= said < vocab_size:
-        return said
-    return default
 
 
 def _kind(value: object) -> str:

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError
 from ..files import read_input, record_input
 from ..tokens import TOKENIZERS, TokenCounter, make_counter
-from .gguf import looks_like_gguf
+from .gguf import looks_like_gguf, read_gguf
+from .vocab import gguf_controls
 
 if TYPE_CHECKING:
     from ..backend import Backend
@@ -50,8 +51,6 @@ class ModelFiles:
     def template(self) -> str | None:
         """The `[prompt] format` of this model's own chat template, if it has one."""
         if self.gguf is not None:
-            from .gguf import read_gguf
-
             return str(self.gguf) if read_gguf(self.gguf).chat_template else None
         assert self.folder is not None
         config = self.folder / "tokenizer_config.json"
@@ -65,8 +64,6 @@ class ModelFiles:
         """The window the model was trained for: the GGUF's `<arch>.context_length`, or a
         folder's config.json `max_position_embeddings`."""
         if self.gguf is not None:
-            from .gguf import read_gguf
-
             return read_gguf(self.gguf).context_length
         assert self.folder is not None
         config = self.folder / "config.json"
@@ -126,12 +123,9 @@ def counter(spec: str, server: str = "", model: str = "", *, use: str = "") -> T
 def model_controls(use: str) -> tuple[str, ...]:
     """The control tokens of the model `use` names (see `locate`), as its own tokenizer file's
     counter names them (its `specials`). A GGUF's are read from its tokens and their types
-    alone (`hf.gguf_controls`): nothing converted, no merges read, any kind of tokenizer."""
+    alone (`vocab.gguf_controls`): nothing converted, no merges read, any kind of tokenizer."""
     path = Path(locate(use).tokenizer).expanduser()
     if tokenizer_kind(path) == "gguf":
-        from .gguf import read_gguf
-        from .hf import gguf_controls
-
         record_input(path)
         return gguf_controls(read_gguf(path))
     return _file_counter(path).specials

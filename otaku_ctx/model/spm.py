@@ -1,6 +1,6 @@
 """A SentencePiece GGUF (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral 7B, Phi-3, Gemma
 1-3, Baichuan) counted as llama.cpp counts it, by ctx's own code: `tokenizers` has no model that
-merges by llama.cpp's rule.
+merges by llama.cpp's rule. Built from the vocabulary llama.cpp makes of the file (vocab.py).
 
 llama.cpp tokenizes such a text in three steps (src/llama-vocab.cpp, `tokenize`, the SPM case):
 
@@ -26,18 +26,20 @@ from __future__ import annotations
 
 import heapq
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..tokens import without_surrogates
-from .gguf import CONTROL, UNKNOWN, USER_DEFINED, Gguf
+from .gguf import Gguf
+from .llamacpp import CONTROL, UNKNOWN, USER_DEFINED
+from .vocab import LlamaVocab, llama_vocab, look_behind
 
 SPACE = "\u2581"  # SentencePiece's "▁", which stands for a space in its tokens
 WHITESPACE = " \t\n\v\f\r"  # what C's isspace strips beside a token with a strip attribute
 WORDS_KEPT = 1 << 17  # words remembered with their tokens; the memory is emptied past it
 LONGEST_KEPT = 64  # characters of the longest word remembered (a text of no spaces is one word)
-LOOK_BEHIND = 64  # characters of a text kept before what follows it (`SentencePiece.context`)
 
 
 @dataclass(frozen=True)
@@ -217,11 +219,10 @@ class SentencePiece:
         gets the space prefix, and its first word differs: but that word ends at the second
         cut, which no special token crossing into what follows can reach (it lies before the
         last `longest` characters), and cancels in the difference of the two counts."""
-        reach = max(LOOK_BEHIND, self.longest)
-        if len(text) <= 2 * reach:
+        window = look_behind(text, self.longest)
+        if window is None:
             return text
-        target = len(text) - reach
-        lowest = max(1, target - 4 * reach)
+        lowest, target = window
         spans = self._spans(text, lowest)
         limit = len(text) - self.longest  # a special token that crosses into what follows begins after it
         at = text.rfind(" ", lowest, target + 1)
@@ -302,8 +303,6 @@ def _finder(texts: list[str]) -> re.Pattern[str] | None:
             return f"(?:{inner})?"
         return inner
 
-    import sys
-
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 4 * max(map(len, texts)) + 100))
     try:
@@ -319,55 +318,29 @@ def _prefixes(texts: list[str]) -> dict[str, tuple[str, ...]]:
     return {text: found for text, found in begins.items() if found}
 
 
-# -- from a GGUF ------------------------------------------------------------------------------
+# -- from the vocabulary ---------------------------------------------------------------------
 
 
 def sentencepiece(model: Gguf) -> SentencePiece:
-    """The SentencePiece tokenizer of a GGUF whose `tokenizer.ggml.model` is "llama", with the
-    token types and attributes llama.cpp gives its tokens when it loads them."""
-    from .hf import llama_cpp_vocabulary
+    """The SentencePiece tokenizer of a GGUF whose `tokenizer.ggml.model` is "llama": its
+    vocabulary read (vocab.py), then `from_vocab`."""
+    return from_vocab(llama_vocab(model))
 
-    where = str(model.path)
-    vocabulary = model.vocabulary()
-    tokens, vocab, types = llama_cpp_vocabulary(model, vocabulary.tokens, vocabulary.token_types)
-    scores = vocabulary.scores or (0.0,) * len(tokens)
-    kinds = {CONTROL: True, UNKNOWN: True, USER_DEFINED: False}
-    lstrip, rstrip = _strips(model, vocab, [i for i, kind in enumerate(types) if kind in kinds])
+
+def from_vocab(vocab: LlamaVocab) -> SentencePiece:
+    """The SentencePiece tokenizer of a vocabulary, with the token types and strip attributes
+    llama.cpp gives its tokens when it loads them."""
+    scores = vocab.scores or (0.0,) * len(vocab.tokens)
+    parsed_only = {CONTROL: True, UNKNOWN: True, USER_DEFINED: False}
+    cut_out = vocab.cut_out()
+    lstrip, rstrip = vocab.strips([i for i, _, _ in cut_out])
     specials = [
-        Special(text, i, kinds[kind], i in lstrip, i in rstrip)
-        for i, (text, kind) in enumerate(zip(tokens, types, strict=False))
-        if kind in kinds and vocab[text] == i
+        Special(text, i, parsed_only[kind], i in lstrip, i in rstrip)
+        for i, text, kind in cut_out
+        if vocab.ids[text] == i
     ]
-    said = model.metadata.get("tokenizer.ggml.add_space_prefix")
-    if said is not None and not isinstance(said, bool):
-        raise ConfigError(where, "tokenizer.ggml.add_space_prefix", "is not true or false")
-    tokenizer = SentencePiece(tokens, scores, specials, add_space_prefix=True if said is None else said)
+    tokenizer = SentencePiece(list(vocab.tokens), scores, specials, add_space_prefix=vocab.space_prefix())
     if missing := [f"<0x{b:02X}>" for b in range(256) if tokenizer._bytes[b] is None]:
         message = f"has no byte token {missing[0]}, which llama.cpp fails on; use --tokenizer server"
-        raise ConfigError(where, "tokenizer.ggml.tokens", message)
+        raise ConfigError(vocab.where, "tokenizer.ggml.tokens", message)
     return tokenizer
-
-
-def _strips(model: Gguf, vocab: dict[str, int], special_ids: list[int]) -> tuple[set[int], set[int]]:
-    """The tokens llama.cpp gives strip attributes by the model's name (llama-vocab.cpp, "set
-    attributes by model/tokenizer/architecture name"): (LSTRIP ids, RSTRIP ids). A token it
-    names that the vocabulary lacks stops llama.cpp loading the model: refused."""
-    name, pre, arch = (model.name or "").lower(), model.pre or "", model.architecture
-
-    def named(text: str) -> int:
-        if text not in vocab:
-            message = f"has no {text} token, without which llama.cpp does not load this model"
-            raise ConfigError(str(model.path), "tokenizer.ggml.tokens", message)
-        return vocab[text]
-
-    if any(p in pre for p in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or any(
-        a in arch for a in ("nomic-bert-moe", "jina-bert-v3")
-    ):
-        return ({vocab["<mask>"]} if "<mask>" in vocab else set()), set()
-    if "phi-3" in name or "phi3" in name:
-        rstrip = {*special_ids, named("</s>")}
-        rstrip -= {named("<unk>"), named("<s>"), named("<|endoftext|>")}
-        return set(), rstrip
-    if "modern-bert" in name:
-        return ({vocab["[MASK]"]} if "[MASK]" in vocab else set()), set()
-    return set(), set()

@@ -15,7 +15,7 @@ from server import ServerProblem, built
 from otaku_ctx.build import build, open_story
 from otaku_ctx.config import load_settings
 from otaku_ctx.model.gguf import read_gguf
-from otaku_ctx.model.hf import gguf_controls
+from otaku_ctx.model.vocab import gguf_controls
 from otaku_ctx.render.lookup import find_format
 from otaku_ctx.render.specials import JOINER
 

@@ -20,7 +20,7 @@ def read_gguf_template(path: Path, template: str | None = None, name: str | None
     named `name` — with the BOS and EOS token texts and the control tokens of its vocabulary."""
     from ...files import record_input
     from ...model.gguf import read_gguf
-    from ...model.hf import gguf_controls
+    from ...model.vocab import gguf_controls
 
     record_input(path)
     model = read_gguf(path)

@@ -45,8 +45,8 @@ def config_format(template: str, source: str, data: dict[str, Any], name: str) -
 
 def config_controls(data: dict[str, Any]) -> tuple[str, ...]:
     """The control tokens a tokenizer config names: its special `added_tokens_decoder` entries,
-    and the markup-like others (`hf.controls`' rule, as a tokenizer.json's added tokens)."""
-    from ...model.hf import controls
+    and the markup-like others (`model.controls`' rule, as a tokenizer.json's added tokens)."""
+    from ...model.controls import controls
 
     added = data.get("added_tokens_decoder")
     if not isinstance(added, dict):
@@ -56,7 +56,7 @@ def config_controls(data: dict[str, Any]) -> tuple[str, ...]:
 
 
 class _Added:
-    """An added token as `hf.controls` reads one."""
+    """An added token as `model.controls.controls` reads one."""
 
     def __init__(self, content: str, special: bool) -> None:
         self.content, self.special = content, special
