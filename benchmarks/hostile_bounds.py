@@ -77,62 +77,61 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-R4, MODELS = "tests/test_hostile_round4.py", "tests/test_hostile_models.py"
 R5 = "tests/test_hostile_round5.py"
 
 SMOKE = ["baseline", "8", "s16"]  # the cheapest case of each test file
 
 #: each case of issue 28 (its number), and the tests that reproduce it
 CASES: dict[str, list[str]] = {
-    "baseline": [f"{R4}::test_bounded_cuts_at_a_word"],
+    "baseline": ["tests/test_bad_replies.py::test_bounded_cuts_at_a_word"],
     "1": [
-        f"{R4}::test_a_summary_edited_by_hand_during_the_run_is_kept",
-        f"{R4}::test_a_second_summarize_of_the_same_sidecar_is_refused",
+        "tests/test_sidecar.py::test_a_summary_edited_by_hand_during_the_run_is_kept",
+        "tests/test_sidecar.py::test_a_second_summarize_of_the_same_sidecar_is_refused",
     ],
     "2": [
-        f"{R4}::test_o_onto_a_file_of_the_model_folder_whose_part_a_flag_replaced",
-        f"{R4}::test_o_onto_a_model_file_by_a_symlink_or_in_a_folder_of_symlinks",
+        "tests/test_files.py::test_o_onto_a_file_of_the_model_folder_whose_part_a_flag_replaced",
+        "tests/test_files.py::test_o_onto_a_model_file_by_a_symlink_or_in_a_folder_of_symlinks",
     ],
     "3": [
-        f"{R4}::test_a_reply_trickled_a_byte_at_a_time_ends_at_the_timeout",
-        f"{R4}::test_a_trickled_reply_to_summarize_is_one_line",
+        "tests/test_bad_replies.py::test_a_reply_trickled_a_byte_at_a_time_ends_at_the_timeout",
+        "tests/test_bad_replies.py::test_a_trickled_reply_to_summarize_is_one_line",
     ],
     "4": [
-        f"{R4}::test_a_reply_far_past_max_tokens_is_turned_down_and_never_held_whole",
-        f"{R4}::test_a_title_far_past_max_tokens_is_cut_at_a_word",
+        "tests/test_bad_replies.py::test_a_reply_far_past_max_tokens_is_turned_down_and_never_held_whole",
+        "tests/test_bad_replies.py::test_a_title_far_past_max_tokens_is_cut_at_a_word",
     ],
-    "5-7": [f"{MODELS}::test_a_chat_template_past_its_bounds_is_stopped_before_the_work"],
+    "5-7": ["tests/test_bounds_of_model_files.py::test_a_chat_template_past_its_bounds_is_stopped_before_the_work"],
     "8": [
-        f"{MODELS}::test_a_tokenizer_json_past_its_items_is_refused_before_it_is_parsed",
-        f"{MODELS}::test_a_tokenizer_json_that_loads_is_parsed_once",
+        "tests/test_bounds_of_model_files.py::test_a_tokenizer_json_past_its_items_is_refused_before_it_is_parsed",
+        "tests/test_bounds_of_model_files.py::test_a_tokenizer_json_that_loads_is_parsed_once",
     ],
     "9": [
-        f"{R4}::test_a_server_error_holding_escapes_is_shown_not_obeyed",
-        f"{R4}::test_a_reason_phrase_holding_escapes_is_shown_not_obeyed",
-        f"{R4}::test_a_reply_said_on_stderr_is_one_visible_line",
+        "tests/test_terminal_escapes.py::test_a_server_error_holding_escapes_is_shown_not_obeyed",
+        "tests/test_terminal_escapes.py::test_a_reason_phrase_holding_escapes_is_shown_not_obeyed",
+        "tests/test_terminal_escapes.py::test_a_reply_said_on_stderr_is_one_visible_line",
     ],
     "10": [
-        f"{R4}::test_a_reply_nested_100_000_deep_is_a_bad_reply",
-        f"{R4}::test_a_reply_whose_text_nests_100_000_deep_is_one_line_naming_the_url",
+        "tests/test_bad_replies.py::test_a_reply_nested_100_000_deep_is_a_bad_reply",
+        "tests/test_bad_replies.py::test_a_reply_whose_text_nests_100_000_deep_is_one_line_naming_the_url",
     ],
-    "11": [f"{R4}::test_a_hostile_sidecar_line_is_one_line_naming_it"],
+    "11": ["tests/test_sidecar.py::test_a_hostile_sidecar_line_is_one_line_naming_it"],
     "12": [
-        f"{MODELS}::test_a_number_of_5000_digits_in_a_tokenizer_json",
-        f"{MODELS}::test_a_number_of_5000_digits_in_a_config_json",
+        "tests/test_bounds_of_model_files.py::test_a_number_of_5000_digits_in_a_tokenizer_json",
+        "tests/test_bounds_of_model_files.py::test_a_number_of_5000_digits_in_a_config_json",
     ],
-    "13": [f"{R4}::test_a_chat_template_nested_past_python_s_limits"],
-    "14": [f"{R4}::test_a_server_url_no_request_can_be_sent_to"],
+    "13": ["tests/test_jinja.py::test_a_chat_template_nested_past_python_s_limits"],
+    "14": ["tests/test_backend.py::test_a_server_url_no_request_can_be_sent_to"],
     "15": [
-        f"{MODELS}::test_a_pre_tokenizer_regex_that_repeats_a_repetition_is_refused",
-        f"{MODELS}::test_a_tekken_pattern_that_matches_an_empty_text_is_one_line",
+        "tests/test_bounds_of_model_files.py::test_a_pre_tokenizer_regex_that_repeats_a_repetition_is_refused",
+        "tests/test_bounds_of_model_files.py::test_a_tekken_pattern_that_matches_an_empty_text_is_one_line",
     ],
-    "16": [f"{R4}::test_a_sidecar_no_run_could_write_is_refused_before_the_first_request"],
-    "17": [f"{R4}::test_a_lone_surrogate_in_a_reply_never_reaches_the_sidecar"],
-    "18": [f"{R4}::test_an_ollama_manifest_or_blob_that_is_a_device"],
+    "16": ["tests/test_sidecar.py::test_a_sidecar_no_run_could_write_is_refused_before_the_first_request"],
+    "17": ["tests/test_bad_replies.py::test_a_lone_surrogate_in_a_reply_never_reaches_the_sidecar"],
+    "18": ["tests/test_ollama.py::test_an_ollama_manifest_or_blob_that_is_a_device"],
     # "also found": 60 MB of [{},{},…] as a reply's body and as the JSON in a summary reply's text
-    "60MB": [f"{R4}::test_the_issues_60_mb_reply_of_empty_objects_is_one_line"],
+    "60MB": ["tests/test_bad_replies.py::test_the_issues_60_mb_reply_of_empty_objects_is_one_line"],
     # "also found": a GGUF at both vocabulary bounds converted, then read from the cache
-    "vocab": [f"{MODELS}::test_the_largest_vocabulary_ctx_reads_is_converted_and_counted"],
+    "vocab": ["tests/test_bounds_of_model_files.py::test_the_largest_vocabulary_ctx_reads_is_converted_and_counted"],
     # issue 35, `ctx serve`'s own surface (serve runs in the pytest process: its memory is counted)
     "s5": [f"{R5}::test_a_backend_that_breaks_its_chunked_encoding_ends_the_client_s_stream"],
     "s6": [f"{R5}::test_a_backend_that_stops_mid_line_is_an_api_error_not_a_decode_error"],

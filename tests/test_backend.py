@@ -17,9 +17,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import CASE3
+from ctx_run import ctx, one_line
 from loopback import QuietServer
 
 from otaku_ctx.backend import (
@@ -140,7 +143,8 @@ def completion(text: str = "Hello!", finish: str = "stop", usage: dict | None = 
 
 @pytest.fixture
 def server() -> Iterator[StandIn]:
-    stand_in = StandIn().start()
+    # It checks for `stop` every 5 ms, not the default 50: each of this file's ~100 tests stops one.
+    stand_in = StandIn().start(poll=0.005)
     yield stand_in
     stand_in.released.set()
     stand_in.stop()
@@ -798,3 +802,70 @@ def test_a_model_list_behind_a_key_is_refused_as_a_chat_would_be(server: StandIn
 )  # fmt: skip
 def test_which_listed_model_a_name_names(name: str, ids: tuple[str, ...], named: str | None) -> None:
     assert listed_as(name, ids) == named
+
+
+# -- #14: a server URL no request can be sent to ---------------------------------------------
+
+BAD_URLS = {
+    "a port out of range": ("http://127.0.0.1:99999/v1", "the port 99999 is not from 1 to 65535"),
+    "a port that is not a number": ("http://127.0.0.1:abc/v1", "the port 'abc' is not a number"),
+    "a port of 5,000 digits": ("http://127.0.0.1:" + "9" * 5000 + "/v1", "the port 99999999999999999999… is not"),
+    "a broken IPv6 host": ("http://[::1/v1", "a host in [brackets] that is not an IPv6 address"),
+    "an IPv6 host that is not one": ("http://[zz]/v1", "a host in [brackets] that is not an IPv6 address"),
+    "a host label over 63 characters": (
+        "http://" + "a" * 64 + ".example/v1",
+        "a host name with a label over 63 characters",
+    ),
+    "an empty host label": ("http://a..example/v1", "a host name with an empty label"),
+}
+
+
+def _summarize_url(url: str, folder: Path) -> list[str]:
+    return ["summarize", str(CASE3), "--url", url, "--model", "m"]
+
+
+def _build_server(url: str, folder: Path) -> list[str]:
+    return ["build", str(CASE3), "--tokenizer", "server", "--server", url]
+
+
+def _config(section: str, key: str) -> Callable[[str, Path], list[str]]:
+    def argv(url: str, folder: Path) -> list[str]:
+        config = folder / "config.toml"
+        config.write_text(f"[{section}]\n{key} = {json.dumps(url)}\n", encoding="utf-8")
+        if section == "summarize":
+            return ["summarize", str(CASE3), "--model", "m", "--config", str(config)]
+        return ["build", str(CASE3), "--tokenizer", "server", "--config", str(config)]
+
+    return argv
+
+
+# where a server URL is given, as the command line gives it
+URL_SOURCES: dict[str, Callable[[str, Path], list[str]]] = {
+    "--url": _summarize_url,
+    "--server": _build_server,
+    "[summarize] url": _config("summarize", "url"),
+    "[model] server": _config("model", "server"),
+}
+
+
+@pytest.mark.parametrize("source", URL_SOURCES)
+@pytest.mark.parametrize("hostile", BAD_URLS)
+def test_a_server_url_no_request_can_be_sent_to(source: str, hostile: str, tmp_path: Path) -> None:
+    """One line naming the URL and what is wrong with it, before any request, a usage error
+    (exit 2) named by its setting: never the ValueError or UnicodeError that `urlsplit`, its
+    `port` and IDNA raise."""
+    url, problem = BAD_URLS[hostile]
+    code, out, err = ctx(*URL_SOURCES[source](url, tmp_path))
+    assert (code, out) == (ExitStatus.USAGE, "")
+    assert one_line(err).startswith(("ctx: --url: summarize.url: ", "ctx: --server: model.server: "))
+    assert f": not a server's base URL ({problem}" in one_line(err)
+    assert err.endswith("): give one like http://127.0.0.1:8080/v1\n") and len(err) < 400
+
+
+@pytest.mark.parametrize("source", URL_SOURCES)
+def test_a_password_in_a_server_url_is_never_shown(source: str, tmp_path: Path) -> None:
+    """Neither in the URL's own error nor in a failure to reach it."""
+    bad = "http://ilya:hunter2@127.0.0.1:99999/v1"
+    code, _, err = ctx(*URL_SOURCES[source](bad, tmp_path))
+    assert code == ExitStatus.USAGE and ": http://127.0.0.1:99999/v1: not a server's" in one_line(err)
+    assert "hunter2" not in err and "ilya" not in err

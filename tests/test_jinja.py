@@ -12,8 +12,10 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, REPO, examples
+from conftest import CASE3, FIXTURES, REPO, examples
 from conftest import run as ctx
+from ctx_run import ctx as ctx_in
+from ctx_run import one_line
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_properties import chained_stories, run, shapes
@@ -25,6 +27,7 @@ from otaku_ctx.model import INSTALL
 from otaku_ctx.render import jinja
 from otaku_ctx.render.formats import bind, jinja_format, load_format, render_text, text_pieces
 from otaku_ctx.render.jinja import Limits, render_chat
+from otaku_ctx.status import ExitStatus
 from otaku_ctx.story.model import Story
 
 TEMPLATES = FIXTURES / "chat-templates" / "templates"
@@ -434,3 +437,19 @@ def test_a_generation_block_renders_its_body_in_place() -> None:
     plain = tagged.replace("{% generation %}", "").replace("{% endgeneration %}", "")
     chat = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
     assert render_chat(tagged, chat, name="t") == render_chat(plain, chat, name="t") == "<u>Hi.<a>Hello.<end>"
+
+
+# -- #13: a chat template nested past Python's own limits -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["{% for m in messages %}" * 25 + "{% endfor %}" * 25, "{% if messages %}" * 120 + "{% endif %}" * 120],
+    ids=["25 for", "120 if"],
+)
+def test_a_chat_template_nested_past_python_s_limits(tmp_path: Path, template: str) -> None:
+    path = tmp_path / "deep.jinja"
+    path.write_text(template, encoding="utf-8")
+    code, out, err = ctx_in("build", CASE3, "--format", path)
+    assert (code, out) == (ExitStatus.ERROR, "")
+    assert one_line(err).startswith(f"ctx: {path}: not a template ctx can run: its blocks nest too deep (Python")

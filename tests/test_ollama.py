@@ -8,10 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import CASE3
+from ctx_run import ctx, one_line
 
 from otaku_ctx.errors import ConfigError, InputError, OtakuError
 from otaku_ctx.locations import ollama_models
 from otaku_ctx.model.ollama import MODEL_LAYER, ollama_model, parse_name
+from otaku_ctx.status import ExitStatus
 
 
 def blob(models: Path, data: bytes) -> str:
@@ -209,3 +212,28 @@ def test_a_manifest_that_is_a_symlink_to_nothing_says_so(models: Path) -> None:
     with pytest.raises(ConfigError, match="is a symlink to nothing") as error:
         ollama_model("gone")
     assert str(error.value).startswith(str(path))
+
+
+# -- #18: an Ollama manifest or blob that is a device ----------------------------------------
+
+
+@pytest.mark.parametrize("which", ["manifest", "blob"])
+def test_an_ollama_manifest_or_blob_that_is_a_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
+    models = tmp_path / "ollama"
+    manifest = models / "manifests" / "registry.ollama.ai" / "library" / "dz" / "latest"
+    manifest.parent.mkdir(parents=True)
+    blob = models / "blobs" / ("sha256-" + "c" * 64)
+    blob.parent.mkdir()
+    if which == "manifest":
+        manifest.symlink_to("/dev/zero")
+    else:
+        layer = {"mediaType": "application/vnd.ollama.image.model", "digest": "sha256:" + "c" * 64}
+        manifest.write_text(json.dumps({"layers": [layer]}))
+        blob.symlink_to("/dev/zero")
+    monkeypatch.setenv("OLLAMA_MODELS", str(models))
+    code, out, err = ctx("build", CASE3, "--use", "dz")
+    shown, what = (manifest, "an Ollama manifest") if which == "manifest" else (blob, "a model blob (a GGUF file)")
+    assert (code, out) == (ExitStatus.ERROR, "")
+    assert one_line(err) == f"ctx: {shown}: is a character device, not {what}; pull the model again (ollama pull dz)\n"

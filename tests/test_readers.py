@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from conftest import CASE3, FIXTURES
+from ctx_run import ctx
 
 from otaku_ctx.errors import StoryError
+from otaku_ctx.status import ExitStatus
 from otaku_ctx.story.detect import detect_format, read_story
 
 OPENAI = FIXTURES / "openai-messages.jsonl"
@@ -514,3 +517,21 @@ def test_a_tavernai_array_tells_its_speakers_apart(tmp_path: Path) -> None:
     path.write_text(json.dumps(["no speaker here"]))
     with pytest.raises(StoryError, match='does not start with "Name: "'):
         read_story(path)
+
+
+# -- encodings ----------------------------------------------------------------------------------
+
+
+def test_a_config_with_a_utf8_byte_order_mark_reads_as_every_json_file_does(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_bytes(b"\xef\xbb\xbf[model]\nwindow = 8192\n")
+    status, out, _ = ctx("config", "show", "--config", config)
+    assert status == 0 and f"model.window\t8192\t{config}" in out
+
+
+def test_a_utf16_story_says_so(tmp_path: Path) -> None:
+    story = tmp_path / "story.jsonl"
+    story.write_bytes(CASE3.read_bytes().decode("utf-8").encode("utf-16"))
+    for argv in (["build", story], ["validate", story], ["build", "-"]):
+        status, _, err = ctx(*argv, stdin=io.BytesIO(story.read_bytes()))
+        assert status == ExitStatus.ERROR and err.count("\n") == 1 and "is UTF-16 text; save it as UTF-8" in err

@@ -130,7 +130,7 @@ class _Handler(JSONHandler):
 
 @pytest.fixture
 def server() -> Iterator[StandIn]:
-    stand_in = StandIn().start(poll=0.02)
+    stand_in = StandIn().start(poll=0.005)
     try:
         yield stand_in
     finally:

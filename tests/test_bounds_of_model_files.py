@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import CASE3, FIXTURES
-from test_hostile_round4 import ctx, one_line
+from ctx_run import ctx, one_line
 
 from otaku_ctx.errors import ConfigError
 from otaku_ctx.model import hf
@@ -119,8 +119,11 @@ def test_a_pre_tokenizer_regex_that_repeats_a_repetition_is_refused(tmp_path: Pa
 
 
 def test_every_pre_tokenizer_ctx_converts_passes_the_regex_check() -> None:
-    assert not any(hf.nested_repetition(r) for pre in hf.PRE_TOKENIZERS.values() for r in pre.regexes)
-    assert not any(map(hf.nested_repetition, ["(a+)?", "(ab)+", "[(a+)]+", "\\(a+\\)+", "(a{2,3})+"]))
+    from otaku_ctx.model.llamacpp import PRE_TOKENIZERS
+    from otaku_ctx.model.tokenizer_json import nested_repetition
+
+    assert not any(nested_repetition(r) for pre in PRE_TOKENIZERS.values() for r in pre.regexes)
+    assert not any(map(nested_repetition, ["(a+)?", "(ab)+", "[(a+)]+", "\\(a+\\)+", "(a{2,3})+"]))
 
 
 def test_a_panic_in_the_rust_tokenizer_is_one_line_naming_the_file() -> None:

@@ -1,6 +1,6 @@
-"""Issue 20 beyond the table: a FIFO's writer that comes late, signals during a run, a
-normal user's permissions, a full disk, `./-` and `name/`, empty flag values, the story's
-bound, and properties of the bounded reader and of `-o` over every way to name an input."""
+"""The files `ctx` is named: what `>` refuses a normal user, `-o` refuses; what cannot be read is
+bad input; a full disk; `./-`, `name/` and empty names; `-o` onto a model folder's own file;
+and `-o` never onto an input, however it is named."""
 
 from __future__ import annotations
 
@@ -8,207 +8,25 @@ import errno
 import io
 import json
 import os
-import select
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import CASE3, REPO, examples
+from ctx_run import ctx, one_line
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otaku_ctx import files
-from otaku_ctx.cli.app import main
-from otaku_ctx.cli.terminal import Terminal
-from otaku_ctx.config import CONFIG_BOUND
-from otaku_ctx.errors import InputError
-from otaku_ctx.files import BOUNDS, GiB, KiB, MiB, parse_size, read_input, size_text
 from otaku_ctx.status import ExitStatus
 
 STORY = CASE3.read_bytes()
 
 
-def ctx(*argv: str | Path, stdin: Any = None) -> tuple[int, str, str]:
-    out, err = io.BytesIO(), io.StringIO()
-    status = main([str(a) for a in argv], Terminal(stdin or io.BytesIO(), out, err))
-    return status, out.getvalue().decode("utf-8"), err.getvalue()
-
-
 @pytest.fixture(scope="module")
 def expected() -> str:
     return ctx("build", CASE3)[1]
-
-
-@pytest.fixture
-def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "TMPDIR"
-    folder.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    return folder
-
-
-# -- a FIFO: its writer may come late, but never not at all --------------------------------
-
-
-class Waits:
-    """`select.poll` as files.py uses it, recording each wait it asks for (in ms): ctx's wait
-    for a FIFO's writer is bounded by what it asks, which a test can read, not time. A wait
-    longer than a minute is cut to one, so a test fails rather than hangs."""
-
-    def __init__(self) -> None:
-        self.asked: list[float | None] = []
-        self.waiting = threading.Event()  # set once ctx waits for a writer
-        self._poll = select.poll
-
-    def __call__(self) -> Any:
-        waits, poller = self, self._poll()
-
-        class Poller:
-            def register(self, descriptor: int, mask: int) -> None:
-                poller.register(descriptor, mask)
-
-            def poll(self, timeout: float | None = None) -> list[tuple[int, int]]:
-                waits.asked.append(timeout)
-                waits.waiting.set()
-                return poller.poll(60_000 if timeout is None or not 0 <= timeout <= 60_000 else timeout)
-
-        return Poller()
-
-
-@pytest.fixture
-def waits(monkeypatch: pytest.MonkeyPatch) -> Waits:
-    spy = Waits()
-    monkeypatch.setattr(select, "poll", spy)
-    return spy
-
-
-def test_a_writer_that_opens_the_fifo_just_after_ctx_is_read(
-    tmp_path: Path, expected: str, waits: Waits, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The writer opens the FIFO once ctx has found it empty and waits: within the grace (made
-    a minute, a hang guard, so that how soon the writer's thread runs cannot matter)."""
-    monkeypatch.setattr(files, "FIFO_GRACE", 60.0)
-    fifo = tmp_path / "story.fifo"
-    os.mkfifo(fifo)
-
-    def write_late() -> None:
-        waits.waiting.wait(60)
-        fifo.write_bytes(STORY)
-
-    writer = threading.Thread(target=write_late)
-    writer.start()
-    try:
-        assert ctx("build", fifo) == (0, expected, "")
-    finally:
-        writer.join(timeout=60)
-    assert waits.asked == [60_000]
-
-
-def test_a_writer_that_holds_the_fifo_open_before_writing_is_waited_for(tmp_path: Path, expected: str) -> None:
-    """A writer that is there is waited for however slow it is: `<(slow command)`."""
-    fifo = tmp_path / "story.fifo"
-    os.mkfifo(fifo)
-
-    def write_slowly() -> None:
-        descriptor = os.open(fifo, os.O_WRONLY)  # opens once ctx opens its end
-        time.sleep(files.FIFO_GRACE * 2)
-        os.write(descriptor, STORY)
-        os.close(descriptor)
-
-    writer = threading.Thread(target=write_slowly)
-    writer.start()
-    try:
-        assert ctx("build", fifo) == (0, expected, "")
-    finally:
-        writer.join(timeout=10)
-
-
-def test_a_fifo_with_no_writer_is_refused_after_the_grace(tmp_path: Path, waits: Waits) -> None:
-    """One wait, of the grace, then the refusal: never a wait for ever."""
-    fifo = tmp_path / "config.toml"
-    os.mkfifo(fifo)
-    status, out, err = ctx("build", CASE3, "--config", fifo)
-    assert waits.asked == [files.FIFO_GRACE * 1000]
-    assert (status, out) == (ExitStatus.ERROR, "")
-    assert err == f"ctx: {fifo}: is a FIFO no program is writing to; start its writer first, or name a regular file\n"
-
-
-# -- signals: SIGTERM and SIGHUP end the run through its finally blocks -----------------------
-
-
-def _main_thread_only() -> None:
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("signal handlers can only be installed in the main thread")
-
-
-class _KillOnSecondRead(io.BytesIO):
-    """Stdin that delivers `signum` to this process once its first chunk is copied."""
-
-    def __init__(self, data: bytes, signum: int) -> None:
-        super().__init__(data)
-        self.signum, self.reads = signum, 0
-
-    def read(self, size: int | None = -1) -> bytes:
-        self.reads += 1
-        if self.reads == 2:
-            os.kill(os.getpid(), self.signum)
-        return super().read(1024 if size is None or size < 0 else min(size, 1024))
-
-
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
-def test_a_signal_during_the_copy_of_stdin_leaves_nothing_in_tmpdir(private_tmp: Path, signum: int) -> None:
-    _main_thread_only()
-    before = signal.getsignal(signum)
-    status, out, err = ctx("build", "-", stdin=_KillOnSecondRead(STORY, signum))
-    assert (status, out, err) == (128 + signum, "", "")
-    assert not list(private_tmp.iterdir())
-    assert signal.getsignal(signum) == before  # the run's handlers are gone with the run
-
-
-def test_a_signal_during_o_leaves_no_temp_file_and_the_old_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _main_thread_only()
-    target = tmp_path / "prompt.txt"
-    target.write_text("old", encoding="utf-8")
-    monkeypatch.setattr(os, "fsync", lambda fd: os.kill(os.getpid(), signal.SIGTERM))
-    assert ctx("build", CASE3, "-o", target) == (128 + signal.SIGTERM, "", "")
-    assert [p.name for p in tmp_path.iterdir()] == ["prompt.txt"] and target.read_text() == "old"
-
-
-def test_a_real_process_killed_while_it_copies_a_pipe_leaves_nothing(tmp_path: Path) -> None:
-    """`timeout 5 ctx build <(endless)`: the copy is removed when SIGTERM ends the run."""
-    fifo, folder = tmp_path / "story.fifo", tmp_path / "TMPDIR"
-    os.mkfifo(fifo)
-    folder.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(folder)}
-    process = subprocess.Popen([sys.executable, "-m", "otaku_ctx", "build", str(fifo)], env=env, stderr=subprocess.PIPE)
-    opened: list[Any] = []
-    opener = threading.Thread(target=lambda: opened.append(open(fifo, "wb")), daemon=True)  # noqa: SIM115
-    opener.start()  # it opens once ctx opens its end
-    opener.join(timeout=60)
-    if not opened:
-        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # lets the opener go
-        process.kill()
-        pytest.fail(f"ctx never opened the story: {process.communicate()[1]!r}")
-    with opened[0] as writer:  # held open: the story never ends
-        writer.write(STORY[:4096])
-        writer.flush()
-        deadline = time.monotonic() + 60  # a hang guard
-        while not list(folder.iterdir()) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert list(folder.iterdir()), "ctx never began its copy"
-        process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=60)
-    assert process.returncode == 128 + signal.SIGTERM and err == b""
-    assert not list(folder.iterdir())
 
 
 # -- as a normal user: what `>` refuses, -o refuses; what cannot be read is bad input ------------
@@ -423,79 +241,64 @@ def test_config_init_never_replaces_a_fifo_with_a_file(tmp_path: Path) -> None:
     assert fifo.is_fifo()
 
 
-# -- encodings ----------------------------------------------------------------------------------
+# -- #2: `-o` onto a model folder's own file -------------------------------------------------
 
 
-def test_a_config_with_a_utf8_byte_order_mark_reads_as_every_json_file_does(tmp_path: Path) -> None:
-    config = tmp_path / "config.toml"
-    config.write_bytes(b"\xef\xbb\xbf[model]\nwindow = 8192\n")
-    status, out, _ = ctx("config", "show", "--config", config)
-    assert status == 0 and f"model.window\t8192\t{config}" in out
+def model_folder(tmp_path: Path) -> Path:
+    """A Hugging Face model folder: its tokenizer (never parsed here: `--tokenizer estimate`),
+    its chat template, its window."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 65536}))
+    return folder
 
 
-def test_a_utf16_story_says_so(tmp_path: Path) -> None:
-    story = tmp_path / "story.jsonl"
-    story.write_bytes(STORY.decode("utf-8").encode("utf-16"))
-    for argv in (["build", story], ["validate", story], ["build", "-"]):
-        status, _, err = ctx(*argv, stdin=io.BytesIO(story.read_bytes()))
-        assert status == ExitStatus.ERROR and err.count("\n") == 1 and "is UTF-16 text; save it as UTF-8" in err
+# each part the folder gives, replaced by a flag, so that its file is never read
+REPLACED = {
+    "tokenizer.json": ["--tokenizer", "estimate"],
+    "config.json": ["--tokenizer", "estimate", "--window", "65536"],
+    "tokenizer_config.json": ["--tokenizer", "estimate", "--window", "65536", "--format", "chatml"],
+}
 
 
-# -- the story's bound ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", REPLACED)
+def test_o_onto_a_file_of_the_model_folder_whose_part_a_flag_replaced(tmp_path: Path, name: str) -> None:
+    folder = model_folder(tmp_path)
+    before = {f.name: f.read_bytes() for f in folder.iterdir()}
+    code, out, err = ctx("build", CASE3, "--use", folder, *REPLACED[name], "-o", folder / name)
+    assert (code, out) == (ExitStatus.ERROR, "")
+    assert one_line(err) == (
+        f"ctx: {folder / name}: is a file of {folder}, a folder this command reads; it is never overwritten,"
+        " name another file\n"
+    )
+    assert {f.name: f.read_bytes() for f in folder.iterdir()} == before
 
 
-def test_the_story_bound_is_a_flag(tmp_path: Path, expected: str) -> None:
-    small = f"{len(STORY) - 1}"
-    for argv, stdin in ((["build", CASE3], None), (["build", "-"], io.BytesIO(STORY))):
-        status, _, err = ctx(*argv, "--max-story-size", small, stdin=stdin)
-        assert status == ExitStatus.ERROR and err.count("\n") == 1
-        assert f"is larger than the {int(small):,} bytes a story may be; pass --max-story-size" in err
-    assert ctx("build", CASE3, "--max-story-size", "1M") == (0, expected, "")
-    assert ctx("validate", CASE3, "--max-story-size", "1K")[0] == ExitStatus.ERROR
-    status, _, err = ctx("build", CASE3, "--max-story-size", "lots")
-    assert status == ExitStatus.USAGE and err.startswith("ctx: --max-story-size: expected a size")
+def test_o_onto_a_model_file_by_a_symlink_or_in_a_folder_of_symlinks(tmp_path: Path) -> None:
+    """A symlink elsewhere to the model's file; a Hugging Face cache snapshot, whose files are
+    symlinks to its blobs: the folder is found as named and where the link leads."""
+    folder = model_folder(tmp_path)
+    link = tmp_path / "link.json"
+    link.symlink_to(folder / "tokenizer.json")
+    code, _, err = ctx("build", CASE3, "--use", folder, "--tokenizer", "estimate", "-o", link)
+    assert code == ExitStatus.ERROR and f"is a file of {folder}, a folder this command reads" in one_line(err)
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    for each in folder.iterdir():
+        (snapshot / each.name).symlink_to(each)
+    code, _, err = ctx("build", CASE3, "--use", snapshot, "--tokenizer", "estimate", "-o", snapshot / "tokenizer.json")
+    assert code == ExitStatus.ERROR and f"is a file of {snapshot}, a folder this command reads" in one_line(err)
+    assert (folder / "tokenizer.json").read_text() == "{}"
 
 
-def test_the_stated_bounds() -> None:
-    """docs/files.md's table, and the config reader's own bound, are these."""
-    assert BOUNDS == {
-        "story": GiB,
-        "card": 64 * MiB,
-        "lorebook": 64 * MiB,
-        "config file": MiB,
-        "template": 16 * MiB,
-        "context preset": 16 * MiB,
-        "format file": MiB,
-        "instruct preset": 16 * MiB,
-        "variables file": 64 * MiB,
-        "summaries": 256 * MiB,
-        "prompt file": MiB,
-    }
-    assert CONFIG_BOUND == BOUNDS["config file"]
-    doc = (REPO / "docs" / "files.md").read_text(encoding="utf-8")
-    for kind, bound in BOUNDS.items():
-        assert f"| {kind} | {size_text(bound)} |" in doc, kind
-
-
-# -- properties -------------------------------------------------------------------------------------
-
-
-@given(st.integers(min_value=1, max_value=1 << 40))
-def test_sizes_read_back(n: int) -> None:
-    assert parse_size(size_text(n).replace(",", "").replace(" bytes", "")) == n
-
-
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=examples(25))
-@given(size=st.integers(min_value=0, max_value=3 * KiB), bound=st.integers(min_value=1, max_value=3 * KiB))
-def test_a_read_is_whole_within_the_bound_and_refused_past_it(tmp_path: Path, size: int, bound: int) -> None:
-    path = tmp_path / "lore.json"
-    data = os.urandom(size).replace(b"\xff", b"a")  # never a UTF-16 byte-order mark
-    path.write_bytes(data)
-    if size <= bound:
-        assert read_input(path, "lorebook", bound) == data
-    else:
-        with pytest.raises(InputError, match="is larger than the"):
-            read_input(path, "lorebook", bound)
+def test_o_may_write_a_new_file_into_the_model_folder(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path)
+    code, _, err = ctx("build", CASE3, "--use", folder, "--tokenizer", "estimate", "-o", folder / "prompt.txt")
+    assert (code, err) == (0, "")
+    assert (folder / "prompt.txt").read_text(encoding="utf-8")
 
 
 NAMINGS = st.lists(
