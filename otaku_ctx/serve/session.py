@@ -212,9 +212,9 @@ class Turns:
 
 @dataclass(eq=False)
 class Session:
-    """One chat, as serve knows it across its turns. Its identity (`chat`, `branch`, `dialogue`,
-    `numbers`) is the registry's to write, under its lock (`Sessions.lock`); `lock` is the turn's,
-    held while a turn of it is assembled and guarding `turn`."""
+    """One chat, as serve knows it across its turns. Lock: `Sessions.lock`, the registry's, under
+    which the registry alone writes its identity (`chat`, `branch`, `dialogue`, `numbers`); its own
+    `lock` is the turn's, held while a turn of it is assembled (it guards `turn`)."""
 
     chat: Chat
     branch: str = ""  # which branch of its opening it is: "" the first
