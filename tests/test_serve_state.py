@@ -246,3 +246,29 @@ def test_matching_a_request_changes_nothing() -> None:
     assert fork.found is first and not fork.fork  # the first message edited: the same chat
     assert renamed.renamed == (first,) and new.found is None
     assert sessions.take(Chat("n1", True, "o1"), [("user", None, "a")], [1]) is first and first.chat.named
+
+
+# -- each failure carries its status -----------------------------------------------------------
+
+
+def test_each_failure_says_its_status_type_and_code_the_same_in_both_encodings() -> None:
+    import json
+
+    from otaku_ctx.backend import TimedOut, Unreachable
+    from otaku_ctx.errors import ConfigError
+    from otaku_ctx.serve.errors import failure_of
+
+    cases = {
+        ChatError("messages[3]: role 'tool' cannot be assembled"): (400, "invalid_request_error", "invalid_request"),
+        TimedOut("http://127.0.0.1:9/v1", "no reply within 1 s"): (504, "backend_error", "backend_timeout"),
+        Unreachable("http://127.0.0.1:9/v1", "cannot connect"): (502, "backend_error", "backend_failed"),
+        ConfigError("serve.backend", None, "no model server named"): (500, "server_error", "server_error"),
+        ValueError("a bug"): (500, "server_error", "server_error"),
+    }
+    for error, (status, kind, code) in cases.items():
+        failure = failure_of(error)
+        said = failure.body()["error"]
+        assert (failure.status, said["type"], said["code"]) == (status, kind, code), error
+        assert said["message"].startswith("ctx serve: ") and "param" in said
+        assert json.loads(failure.event().removeprefix(b"data: ")) == failure.body() == json.loads(failure.json())
+    assert "a bug" not in failure_of(ValueError("a bug")).message  # its words are the log's, not the client's
