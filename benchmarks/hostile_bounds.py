@@ -44,7 +44,7 @@ the test, converted by one build and read from the cache by a second, in one pro
 The issue's own 2M-token file, converting, took 2.2 GB / 16.2 s here (1.66 GB / 4.7 s from the
 cache); it is now refused by its header in 0.16 s and 27 MB, as is any file past a bound.
 
-Issue 35, `ctx serve`'s own surface (tests/test_hostile_round5.py; serve runs in the pytest
+Issue 35, `ctx serve`'s own surface (tests/test_serve_*.py; serve runs in the pytest
 process, so its memory is in the figure; 2026-12-04, one run each), wall s / peak MB:
 
     s5 3.8 / 133 (a broken chunk: the client's stream ends in about 1 s; before, never)
@@ -77,7 +77,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-R5 = "tests/test_hostile_round5.py"
 
 SMOKE = ["baseline", "8", "s16"]  # the cheapest case of each test file
 
@@ -133,40 +132,40 @@ CASES: dict[str, list[str]] = {
     # "also found": a GGUF at both vocabulary bounds converted, then read from the cache
     "vocab": ["tests/test_bounds_of_model_files.py::test_the_largest_vocabulary_ctx_reads_is_converted_and_counted"],
     # issue 35, `ctx serve`'s own surface (serve runs in the pytest process: its memory is counted)
-    "s5": [f"{R5}::test_a_backend_that_breaks_its_chunked_encoding_ends_the_client_s_stream"],
-    "s6": [f"{R5}::test_a_backend_that_stops_mid_line_is_an_api_error_not_a_decode_error"],
-    "s7": [f"{R5}::test_summaries_are_written_under_steady_play"],
+    "s5": ["tests/test_serve_relay.py::test_a_backend_that_breaks_its_chunked_encoding_ends_the_client_s_stream"],
+    "s6": ["tests/test_serve_relay.py::test_a_backend_that_stops_mid_line_is_an_api_error_not_a_decode_error"],
+    "s7": ["tests/test_serve_sidecar.py::test_summaries_are_written_under_steady_play"],
     "s8": [
-        f"{R5}::test_idle_and_trickling_connections_are_closed",
-        f"{R5}::test_past_the_bound_the_oldest_connections_go_and_a_client_is_answered",
-        f"{R5}::test_a_flood_of_idle_connections_at_1024_files_shuts_out_no_client",
+        "tests/test_serve_connections.py::test_idle_and_trickling_connections_are_closed",
+        "tests/test_serve_connections.py::test_past_the_bound_the_oldest_connections_go_and_a_client_is_answered",
+        "tests/test_serve_connections.py::test_a_flood_of_idle_connections_at_1024_files_shuts_out_no_client",
     ],
     "s9": [  # a 40 MiB line with no end; 32 MiB of events gzipped (the bound lowered to 1 MiB)
-        f"{R5}::test_an_event_with_no_end_is_an_error_past_its_bound",
-        f"{R5}::test_a_compressed_stream_is_bounded_as_a_body_is",
+        "tests/test_serve_relay.py::test_an_event_with_no_end_is_an_error_past_its_bound",
+        "tests/test_serve_relay.py::test_a_compressed_stream_is_bounded_as_a_body_is",
     ],
     "s1-4": [
-        f"{R5}::test_two_serves_on_one_sidecar_write_each_scene_once_and_keep_them_all",
-        f"{R5}::test_two_serves_and_a_ctx_summarize_for_a_whole_run_keep_every_scene",
-        f"{R5}::test_a_hand_edit_made_while_serve_writes_wins_and_serve_s_pass_costs_what_it_adds",
-        f"{R5}::test_a_writer_killed_mid_write_leaves_no_temporary_file_for_good",
+        "tests/test_serve_sidecar.py::test_two_serves_on_one_sidecar_write_each_scene_once_and_keep_them_all",
+        "tests/test_serve_sidecar.py::test_two_serves_and_a_ctx_summarize_for_a_whole_run_keep_every_scene",
+        "tests/test_serve_sidecar.py::test_a_hand_edit_made_while_serve_writes_wins_and_serve_s_pass_costs_what_it_adds",
+        "tests/test_serve_sidecar.py::test_a_writer_killed_mid_write_leaves_no_temporary_file_for_good",
     ],
     "s10": [
-        f"{R5}::test_a_request_of_more_messages_than_any_story_is_a_413_at_once",
-        f"{R5}::test_a_long_chat_s_turn_holds_up_no_other_chat_s",
+        "tests/test_serve_bounds.py::test_a_request_of_more_messages_than_any_story_is_a_413_at_once",
+        "tests/test_serve_bounds.py::test_a_long_chat_s_turn_holds_up_no_other_chat_s",
     ],
-    "s11": [f"{R5}::test_many_chats_keep_a_bounded_number_of_sessions"],
-    "s12": [f"{R5}::test_sigterm_with_a_stalled_stream_takes_shutdown_at_most"],
+    "s11": ["tests/test_serve_bounds.py::test_many_chats_keep_a_bounded_number_of_sessions"],
+    "s12": ["tests/test_serve_connections.py::test_sigterm_with_a_stalled_stream_stops_without_waiting_for_it"],
     "s13-15": [
-        f"{R5}::test_what_a_backend_says_reaches_the_log_visible",
-        f"{R5}::test_a_backend_error_quoting_the_prompt_is_cut_from_the_log",
-        f"{R5}::test_malformed_requests_leave_a_few_lines_and_no_traceback",
-        f"{R5}::test_json_nested_deep_in_a_passed_through_field_is_a_400",
+        "tests/test_serve_log.py::test_what_a_backend_says_reaches_the_log_visible",
+        "tests/test_serve_log.py::test_a_backend_error_quoting_the_prompt_is_cut_from_the_log",
+        "tests/test_serve_log.py::test_malformed_requests_leave_a_few_lines_and_no_traceback",
+        "tests/test_serve_bounds.py::test_json_nested_deep_in_a_passed_through_field_is_a_400",
     ],
-    "s16": [f"{R5}::test_a_window_past_any_model_s_is_the_server_s_error"],
+    "s16": ["tests/test_serve_relay.py::test_a_window_past_any_model_s_is_the_server_s_error"],
     "s17-18": [
-        f"{R5}::test_two_branches_played_in_turn_ask_each_scene_once_and_keep_their_own",
-        f"{R5}::test_an_edit_swipe_or_deletion_keeps_the_chat_a_branch_forks_it",
+        "tests/test_serve_branches.py::test_two_branches_played_in_turn_ask_each_scene_once_and_keep_their_own",
+        "tests/test_serve_branches.py::test_an_edit_swipe_or_deletion_keeps_the_chat_a_branch_forks_it",
     ],
 }
 

@@ -1,0 +1,222 @@
+"""`ctx serve` and a chat's sidecar of summaries (issue 35's #1-#4, #7): summaries are written
+under steady play; one writer at a time — two serves, two serves and a `ctx summarize`, a hand
+edit while serve writes — and nothing lost; a writer killed mid-write leaves no temporary file
+for good."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import time
+from pathlib import Path
+
+import openai
+import pytest
+from raw_backend import address, summaries_left
+from test_serve import chat, settings_for
+
+from otaku_ctx.serve.http import Service
+from otaku_ctx.serve.listen import Running
+
+# -- #7: summaries get their share under steady play --------------------------------------------
+
+
+@pytest.mark.deep  # four seconds of play: in .ci/run's second step
+def test_summaries_are_written_under_steady_play() -> None:
+    """Three chats streaming back to back, a live request always waiting: summaries are still
+    asked for (the gate lets one go after three live requests went first)."""
+    import threading
+
+    from test_serve import StandIn
+
+    stand_in = StandIn().start()
+    stand_in.window, stand_in.mode, stand_in.delay, stand_in.summary_delay = 1200, "slow", 0.15, 0.05
+    running = Running(Service(settings_for(stand_in.url, summarize=True)))
+    stop = threading.Event()
+
+    def play(n: int) -> None:
+        talk = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30)
+        while not stop.is_set():
+            talk.chat.completions.create(model="m", messages=chat(60, frame=f"Chat {n}."), max_tokens=100)
+
+    players = [threading.Thread(target=play, args=(n,)) for n in range(3)]
+    try:
+        for player in players:
+            player.start()
+        time.sleep(4)
+        with stand_in.lock:
+            summaries, live = len(stand_in.summaries), len(stand_in.bodies)
+        assert live >= 12 and summaries >= 2, (live, summaries)
+    finally:
+        stop.set()
+        for player in players:
+            player.join(30)
+        running.stop()
+        stand_in.stop()
+
+
+# -- #1-#4: the sidecar has one writer at a time, and loses nothing ------------------------------
+
+
+@pytest.mark.deep  # two serves' passes of summaries: in .ci/run's second step
+def test_two_serves_on_one_sidecar_write_each_scene_once_and_keep_them_all() -> None:
+    """Two serves on one `OTAKU_HOME`, the same chat sent to both at once: one writes its scenes
+    (the lock `ctx summarize` takes), the other finds them written and asks for none again —
+    a scene lost to a stale rewrite would be asked for a second time."""
+    from test_serve import StandIn
+
+    from otaku_ctx.story.sidecar import read_sidecar
+
+    stand_in = StandIn().start()
+    stand_in.window, stand_in.summary_delay = 1200, 0.05
+    first = Running(Service(settings_for(stand_in.url, summarize=True)))
+    second = Running(Service(settings_for(stand_in.url, summarize=True)))
+    try:
+        for running in (first, second):
+            openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30).chat.completions.create(
+                model="m", messages=chat(60), max_tokens=200
+            )
+        deadline = time.monotonic() + 60
+        while True:  # until neither has anything left to write (the one refused the lock tries again)
+            left = 0
+            for running in (first, second):
+                host, port = address(running)
+                connection = http.client.HTTPConnection(host, port, timeout=5)
+                connection.request("GET", "/ctx/stats")
+                left += sum(c["summaries_left"] for c in json.loads(connection.getresponse().read())["chats"])
+            if not left and stand_in.summaries:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        for running in (first, second):  # a turn more for each: the scenes are found, none asked again
+            openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30).chat.completions.create(
+                model="m", messages=chat(60), max_tokens=200
+            )
+        time.sleep(1.0)
+        [sidecar] = (Path(os.environ["OTAKU_HOME"]) / "chats").glob("*.ctx-summaries")
+        records = read_sidecar(sidecar)
+        scenes = {r.start for r in records}
+        asked = [b for b in stand_in.summaries if "history" not in json.dumps(b.get("response_format") or {})]
+        assert records and len(asked) == len(scenes), (len(asked), sorted(scenes))
+        assert not list(sidecar.parent.glob("*.tmp*"))  # no temporary file left behind
+    finally:
+        first.stop()
+        second.stop()
+        stand_in.stop()
+
+
+@pytest.mark.deep  # three servers' and a ctx summarize's worth of passes: in .ci/run's second step
+def test_two_serves_and_a_ctx_summarize_for_a_whole_run_keep_every_scene(tmp_path: Path) -> None:
+    """The issue's whole run: one chat played on two serves in turn as it grows, and `ctx
+    summarize` run by hand on the chat's file (ahead of both) in the middle, all on serve's
+    sidecar: each scene is asked for once, and every scene written is in the file at the end."""
+    import subprocess
+    import sys
+
+    from test_serve import StandIn
+
+    from otaku_ctx.story.sidecar import read_sidecar
+
+    stand_in = StandIn().start()
+    stand_in.window, stand_in.summary_delay = 1200, 0.02
+    servers = [Running(Service(settings_for(stand_in.url, summarize=True))) for _ in range(2)]
+
+    def play(running: Running, n: int) -> None:
+        client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30)
+        client.chat.completions.create(model="m", messages=chat(n), max_tokens=200)
+        time.sleep(0.3)
+        deadline = time.monotonic() + 60
+        while summaries_left(running):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+    try:
+        play(servers[0], 60)
+        [sidecar] = (Path(os.environ["OTAKU_HOME"]) / "chats").glob("*.ctx-summaries")
+        story = tmp_path / "chat.jsonl"
+        story.write_text("".join(json.dumps(m) + "\n" for m in chat(76)))
+        config = tmp_path / "config.toml"  # serve's [summarize] settings (test_serve.settings_for)
+        config.write_text("[summarize]\nsettle = 4\nmin_chars = 300\nmin_messages = 6\n"
+                          "summary_words = 20\nhistory_words = 20\n")  # fmt: skip
+        command = [sys.executable, "-m", "otaku_ctx", "summarize", str(story), "--summaries", str(sidecar),
+                   "--url", stand_in.url, "--model", "stand-in", "--config", str(config)]  # fmt: skip
+        before = len(stand_in.summaries)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        by_hand = len(stand_in.summaries) - before
+        play(servers[1], 76)
+        play(servers[0], 84)
+    finally:
+        for running in servers:
+            running.stop()
+        stand_in.stop()
+    records = read_sidecar(sidecar)
+    asked = [b for b in stand_in.summaries if "history" not in json.dumps(b.get("response_format") or {})]
+    assert by_hand > 0 and records[-1].end > 72  # ctx summarize wrote scenes, and serve went on after them
+    assert len(asked) == len({r.start for r in records}) == len(records)  # each asked once, and kept
+
+
+@pytest.mark.deep  # a pass of summaries with a hand edit in it: in .ci/run's second step
+def test_a_hand_edit_made_while_serve_writes_wins_and_serve_s_pass_costs_what_it_adds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """#2 and #3 through serve itself: a summary edited by hand while serve is writing the chat's
+    scenes stays as edited; and the pass writes about what it adds (before, the whole file was
+    written again for each scene: 3.5 GB for a 1.9 MB file)."""
+    from test_serve import StandIn
+
+    from otaku_ctx.story.sidecar import read_sidecar
+    from otaku_ctx.summarize.commits import Commits
+
+    passes: list[Commits] = []
+    enter = Commits.__enter__
+
+    def kept(self: Commits) -> Commits:
+        passes.append(self)
+        return enter(self)
+
+    monkeypatch.setattr(Commits, "__enter__", kept)
+    stand_in = StandIn().start()
+    stand_in.window, stand_in.summary_delay = 1200, 0.1
+    running = Running(Service(settings_for(stand_in.url, summarize=True)))
+    try:
+        client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30)
+        client.chat.completions.create(model="m", messages=chat(60), max_tokens=200)
+        folder, deadline = Path(os.environ["OTAKU_HOME"]) / "chats", time.monotonic() + 30
+        while not list(folder.glob("*.ctx-summaries")) or not read_sidecar(next(folder.glob("*.ctx-summaries"))):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        [sidecar] = folder.glob("*.ctx-summaries")  # a scene just committed: serve asks for the next
+        lines = sidecar.read_text().splitlines()
+        first = json.loads(lines[0])
+        first["summary"] = "Edited by hand: the keeper hears the bell."
+        sidecar.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")  # as an editor would: no lock
+        time.sleep(0.2)
+        while summaries_left(running):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        running.stop()
+        stand_in.stop()
+    records = read_sidecar(sidecar)
+    assert records[0].summary == "Edited by hand: the keeper hears the bell." and len(records) > 5
+    [run] = passes
+    assert run.written <= 3 * sidecar.stat().st_size and run.appends >= len(records) - 2, (run.written, run.appends)
+
+
+def test_a_writer_killed_mid_write_leaves_no_temporary_file_for_good(tmp_path: Path) -> None:
+    from otaku_ctx.summarize.commits import Commits
+
+    sidecar = tmp_path / "o123.ctx-summaries"
+    sidecar.write_text("")
+    stale, fresh = tmp_path / ".o123.ctx-summaries.k9x.tmp", tmp_path / ".o123.ctx-summaries.a1b.tmp"
+    other = tmp_path / ".another.ctx-summaries.k9x.tmp"
+    for left in (stale, fresh, other):
+        left.write_text("half a sidecar")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    os.utime(other, (time.time() - 3600, time.time() - 3600))
+    with Commits(sidecar, []):
+        pass
+    assert not stale.exists()  # a crash's, swept by the next writer
+    assert fresh.exists() and other.exists()  # one being written now, and another file's
