@@ -24,7 +24,7 @@ class QuietServer(ThreadingHTTPServer):
         """Its OpenAI-compatible base."""
         return f"http://127.0.0.1:{self.server_address[1]}/v1"
 
-    def start(self, poll: float = 0.05) -> Self:
+    def start(self, poll: float = 0.005) -> Self:
         """Serve from a thread of its own, checking for `stop` every `poll` seconds."""
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": poll}, daemon=True)
         self._thread.start()

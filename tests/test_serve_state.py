@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import copy
+import functools
 import inspect
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,11 +33,17 @@ MUTATORS = {"append", "appendleft", "extend", "insert", "pop", "popitem", "pople
             "add", "discard", "setdefault", "move_to_end", "sort", "reverse"}  # fmt: skip
 
 
+@functools.cache
+def tree_of(path: Path) -> ast.Module:
+    """A module of serve, parsed once for all the checks below (the tree is only read)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def test_every_module_of_serve_is_short_and_no_class_does_too_much() -> None:
     for path in MODULES:
         lines = len(path.read_text(encoding="utf-8").splitlines())
         assert lines < 350, f"serve/{path.name} is {lines} lines"
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(tree_of(path)):
             if isinstance(node, ast.ClassDef):
                 methods = [n for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
                 assert len(methods) <= 12, f"serve/{path.name}: {node.name} has {len(methods)} methods"
@@ -76,9 +83,10 @@ def writes(tree: ast.AST) -> list[tuple[str, int, bool]]:
 
 def owned_writes_outside_their_owner() -> list[str]:
     owners = {name: part for part in PARTS for name in fields(part)}
+    free = {part: _ambiguous_free(part) for part in PARTS}
     found = []
     for path in MODULES:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = tree_of(path)
         inside: dict[int, str] = {}  # a line of a part's own body -> the part's name
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef) and node.name in {p.__name__ for p in PARTS}:
@@ -86,7 +94,7 @@ def owned_writes_outside_their_owner() -> list[str]:
                     inside[line] = node.name
         for name, line, through in writes(tree):
             owner = owners.get(name)
-            mine = owner is not None and (through or name in _ambiguous_free(owner))
+            mine = owner is not None and (through or name in free[owner])
             if owner is not None and mine and inside.get(line) != owner.__name__:
                 found.append(f"serve/{path.name}:{line} writes {owner.__name__}.{name}")
     return found
@@ -97,7 +105,7 @@ def _ambiguous_free(part: type) -> set[str]:
     class is that class's own)."""
     others: set[str] = set()
     for path in MODULES:
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(tree_of(path)):
             if isinstance(node, ast.ClassDef) and node.name != part.__name__:
                 for item in ast.walk(node):
                     if isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store):
