@@ -1,11 +1,12 @@
 """The code's own checks, run with the suite so the README's one test command covers them:
-ruff (lint and format) and mypy (strict on the core, see pyproject.toml)."""
+ruff (lint and format), and mypy (strict on the core, see pyproject.toml) in CI's deep step."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 
@@ -20,6 +21,7 @@ def test_ruff_is_clean():
     assert style.returncode == 0, style.stdout
 
 
+@pytest.mark.deep  # seven seconds from a fresh clone (no mypy cache): in .ci/run's second step
 def test_mypy_passes():
     typed = _tool("mypy", "--no-error-summary")
     assert typed.returncode == 0, typed.stdout

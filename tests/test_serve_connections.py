@@ -80,7 +80,7 @@ def test_past_the_bound_the_oldest_connections_go_and_a_client_is_answered(raw: 
 
 def test_sigterm_with_a_stalled_stream_stops_without_waiting_for_it(raw: RawBackend) -> None:
     """A backend that sends an event, then stalls (for 20 s, or until the test has its answer):
-    serve stopped as SIGTERM stops it (`shutdown` 2) ends without waiting for the stall — its
+    serve stopped as SIGTERM stops it (`shutdown` 0.4) ends without waiting for the stall — its
     thread is gone while the backend still stalls — and the client's response ends with it."""
     release, stall_ended = threading.Event(), threading.Event()
 
@@ -88,11 +88,11 @@ def test_sigterm_with_a_stalled_stream_stops_without_waiting_for_it(raw: RawBack
         stream_head(handler)
         handler.wfile.write(event("Hello"))
         handler.wfile.flush()
-        release.wait(20)  # the stall: ten times the shutdown, or until the test has its answer
+        release.wait(20)  # the stall: fifty times the shutdown, or until the test has its answer
         stall_ended.set()
 
     raw.scenario = stalled
-    running = Running(Service(settings_for(raw.url, shutdown=2.0, timeout=60.0)))
+    running = Running(Service(settings_for(raw.url, shutdown=0.4, timeout=60.0)))
     host, port = address(running)
     connection = http.client.HTTPConnection(host, port, timeout=30)
     connection.request("POST", "/v1/chat/completions", json.dumps({"model": "m", "messages": chat(3), "stream": True}),

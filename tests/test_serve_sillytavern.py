@@ -7,11 +7,11 @@ the rules each of those rests on, called without a server."""
 
 from __future__ import annotations
 
+import http.client
 import json
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 import test_serve
 from test_serve import StandIn, _get, chat, settings_for
@@ -43,22 +43,27 @@ def live(stand_in: StandIn) -> list[dict[str, Any]]:
 
 
 def played(stand_in: StandIn, name: str, window: int) -> tuple[Running, list[dict[str, Any]]]:
-    """Each captured request of `name` sent through serve as SillyTavern sent it (its headers
-    too); the replies' texts."""
+    """Each captured request of `name` sent through serve as SillyTavern sent it: its body's JSON
+    and its headers, on the wire as they came (no client library re-shapes them); the replies'
+    texts."""
     stand_in.window = window
     running = Running(Service(Settings(serve=settings_for(stand_in.url, summarize=True).serve)))
+    host, port = running.url.split("//")[1].split("/")[0].split(":")
     replies = []
     for each in captured(name):
-        talk = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=60,
-                             default_headers=each["headers"])  # fmt: skip
-        body = dict(each["body"])
-        messages, model, stream = body.pop("messages"), body.pop("model"), body.pop("stream")
-        if stream:
-            pieces = talk.chat.completions.create(model=model, messages=messages, stream=True, extra_body=body)
-            replies.append({"text": "".join(c.choices[0].delta.content or "" for c in pieces if c.choices)})
+        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        headers = {"Content-Type": "application/json", "Authorization": "Bearer none", **each["headers"]}
+        connection.request("POST", each["path"], json.dumps(each["body"]).encode(), headers)
+        answer = connection.getresponse()
+        assert answer.status == 200, (each["turn"], answer.read())
+        if each["body"]["stream"]:
+            events = [line[6:] for line in answer.read().decode().splitlines() if line.startswith("data: ")]
+            chunks = [json.loads(e) for e in events if e != "[DONE]"]
+            text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
         else:
-            reply = talk.chat.completions.create(model=model, messages=messages, extra_body=body)
-            replies.append({"text": reply.choices[0].message.content})
+            text = json.loads(answer.read())["choices"][0]["message"]["content"]
+        connection.close()
+        replies.append({"text": text})
     return running, replies
 
 
