@@ -10,6 +10,7 @@ layer owns; and each llama.cpp rule is written in one module only.
 from __future__ import annotations
 
 import ast
+import functools
 import graphlib
 from pathlib import Path
 
@@ -33,7 +34,8 @@ def module_of(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> list[tuple[str, str]]:
+@functools.cache  # two tests read every file of the package, the tests and the benchmarks
+def imports(path: Path) -> tuple[tuple[str, str], ...]:
     """(module, name) for every name `path` imports, anywhere in it (functions too); a plain
     `import a.b` is (a.b, ""). Relative imports are made absolute."""
     package = module_of(path) if path.name == "__init__.py" else module_of(path).rpartition(".")[0]
@@ -45,7 +47,7 @@ def imports(path: Path) -> list[tuple[str, str]]:
             base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
             module = ".".join([*base, node.module] if node.module else base)
             found += [(module, alias.name) for alias in node.names]
-    return found
+    return tuple(found)
 
 
 def model_modules() -> dict[str, Path]:
