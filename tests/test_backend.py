@@ -703,9 +703,20 @@ def test_an_api_show_that_names_no_window_is_not_ollama_s(server: StandIn, backe
 
 
 def test_no_window_said(server: StandIn, backend: Backend) -> None:
+    """None, and remembered: a server that says no window is asked its four endpoints once."""
     server.answer(NOT_FOUND, reply(200, b"<html>", kind="text/html"), NOT_FOUND, NOT_FOUND)
     assert backend.window() is None
+    assert backend.window() is None
     assert [s.path for s in server.seen] == ["/v1/models", "/props", "/api/show", "/api/extra/true_max_context_length"]
+
+
+def test_a_window_not_said_for_a_refusal_is_asked_again(server: StandIn, backend: Backend) -> None:
+    """Only "none of them says" is remembered: a probe that raised said nothing yet."""
+    server.answer(reply(401, {"error": "unauthorized"}))
+    with pytest.raises(Refused):
+        backend.window()
+    server.answer(NOT_FOUND, reply(200, {"default_generation_settings": {"n_ctx": 2048}}))
+    assert backend.window() == 2048
 
 
 def test_the_window_probe_still_needs_the_key(server: StandIn, backend: Backend) -> None:

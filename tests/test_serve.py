@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import openai
 import pytest
 from loopback import JSONHandler, QuietServer
 
-from otaku_ctx.config import ContextSettings, ServeSettings, Settings, SummarizeSettings
+from otaku_ctx.config import ContextSettings, ModelSettings, ServeSettings, Settings, SummarizeSettings
 from otaku_ctx.serve.chats import HEADER, ChatError, chat_story, identify
 from otaku_ctx.serve.errors import ServeError
 from otaku_ctx.serve.http import Service
@@ -37,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class StandIn(QuietServer):
-    """A model server: `/props` says its window, `/v1/models` lists one model, chat completions
+    """A model server: `/props` says its window (0: none), `/v1/models` lists one model, chat completions
     answer `reply to N messages` (streamed a word a chunk when asked), summaries and histories
     answer JSON. `mode` makes it fail: "500", "slow" (waits `delay` first), "cut" (a stream
     that stops mid-reply), "hang" (a stream that sends one chunk, then waits)."""
@@ -52,6 +53,7 @@ class StandIn(QuietServer):
         self.bodies: list[dict[str, Any]] = []  # the live chat requests, as received
         self.summaries: list[dict[str, Any]] = []  # the summary and history requests
         self.completions: list[bytes] = []
+        self.requests: list[str] = []  # every request's method and path, in order
         self.events: list[tuple[str, float]] = []  # ("live"|"summary" start/end, time)
         self.in_flight = self.most = 0  # live requests being answered at once ("slow"), and the most
         self.gone = threading.Event()  # a client went away mid-stream
@@ -67,6 +69,7 @@ class _Handler(JSONHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
+        self.server.requests.append(f"GET {self.path}")
         if self.path == "/props":
             self._send(200, {"default_generation_settings": {"n_ctx": self.server.window}})
         elif self.path == "/v1/models":
@@ -75,6 +78,7 @@ class _Handler(JSONHandler):
             self._send(404, {"error": {"message": "no such endpoint"}})
 
     def do_POST(self) -> None:
+        self.server.requests.append(f"POST {self.path}")
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.path == "/v1/completions":
             self.server.completions.append(raw)
@@ -467,6 +471,35 @@ def test_a_long_chat_fits_the_backends_window_less_the_reply(serving: Running, s
     [turn] = json.loads(_get(serving, "/ctx/stats"))["chats"][0]["turns"]
     assert turn["case"] in (3, 5) and turn["sent"] <= turn["limit"] == 3000 - 300
     assert "Scene 3-14 in short." in json.dumps(stand_in.bodies[-1]["messages"])
+
+
+@pytest.mark.parametrize("window, limit", [(None, 8192 - 300), (4096, 4096 - 300)])
+def test_a_backend_that_says_no_window_is_asked_once_and_not_when_the_window_is_set(
+    stand_in: StandIn, window: int | None, limit: int
+) -> None:
+    """Issue 42: a backend with no window was asked its four window endpoints on every turn,
+    `[model] window` set or not. Now: asked once and its "none" remembered; not at all when
+    the user set the window (what serve asks at its first turn to learn what the server is
+    aside, every later turn is the chat completion alone)."""
+    stand_in.window = 0  # its /props says n_ctx 0, and nothing else says a window
+    settings = settings_for(stand_in.url)
+    if window is not None:
+        settings = replace(settings, model=ModelSettings(window=window))
+    running = Running(Service(settings))
+    try:
+        talk, turns = client(running), []
+        for n in (3, 5, 7, 9):
+            before = len(stand_in.requests)
+            talk.chat.completions.create(model="local", messages=chat(n), max_tokens=300)
+            turns.append([r for r in stand_in.requests[before:] if r != "POST /v1/chat/completions"])
+        stats = json.loads(_get(running, "/ctx/stats"))["chats"][0]["turns"]
+    finally:
+        running.stop()
+    first, *later = turns
+    assert later == [[], [], []]
+    window_only = ["POST /api/show", "GET /api/extra/true_max_context_length"]  # asked for no other reason
+    assert [r for r in first if r in window_only] == ([] if window else window_only)
+    assert [turn["limit"] for turn in stats] == [limit] * 4
 
 
 # ── failures ───────────────────────────────────────────────────────────────────────────────

@@ -124,6 +124,7 @@ class Backend:
             parts, timeout=timeout, connect_timeout=connect_timeout, headers=headers, retry=retry or Retry()
         )
         self._window: int | None = None
+        self._windowless = False  # every kind of `WINDOWS` was asked and none said: not asked again
         self._tokenizes: bool | None = None
         self._templates: bool | None = None  # whether the server applies its chat template on request
         self._server: tuple[ServerKind, Server] | None = None
@@ -169,15 +170,18 @@ class Backend:
         when `server()` has asked already, its window; else each kind of `servers.WINDOWS`
         asked in turn (vLLM's `/v1/models`, llama.cpp's `/props`, Ollama's `/api/show` and
         `/api/ps`, KoboldCpp's `/api/extra/true_max_context_length`). None when none of them
-        answers."""
+        answers, and that is remembered too: a server that says no window is not asked four
+        times again on every call (serve calls once a turn). A server that was unreachable is
+        asked again."""
         if self._window is None and self._server is not None and self._server[1].window:
             self._window = self._server[1].window
-        if self._window is None:
+        if self._window is None and not self._windowless:
             for kind in WINDOWS:
                 found = kind.window(self)
                 if found:
                     self._window = found
                     break
+            self._windowless = self._window is None
         if self._window is not None and self._window > MOST_WINDOW:
             raise BadReply(
                 self.transport.url(self.root),

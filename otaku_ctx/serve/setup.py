@@ -43,13 +43,18 @@ def serving(settings: Settings) -> Settings:
     return replace(settings, context=context, prompt=prompt)
 
 
+def user_set(settings: Settings, key: str) -> bool:
+    """Whether the user chose `[model] key` themselves: given on the command line, or set to
+    other than its default (`config init` writes every default, which must not count as a choice)."""
+    return f"model.{key}" in settings.given or getattr(settings.model, key) != getattr(ModelSettings(), key)
+
+
 def counted(settings: Settings, backend: Backend) -> tuple[Settings, TokenCounter]:
     """The settings for this backend and their counter: the user's own tokenizer when they chose
     one (`[model] use`, or a tokenizer set); else the server's, where it counts; else the
     configured one, said in the log."""
     model = settings.model
-    # the user's own choice: given, or set to other than the default (`config init` writes them all)
-    chose = bool(model.use) or "model.tokenizer" in settings.given or model.tokenizer != ModelSettings().tokenizer
+    chose = bool(model.use) or user_set(settings, "tokenizer")
     server = backend.server()  # a server that is down says so here, at once
     if not chose:
         if server.counts:
@@ -132,8 +137,12 @@ class Lanes:
             return lane.setup
 
     def window(self, settings: Settings) -> int:
-        """The backend's window (llama.cpp's /props, vLLM's /v1/models, Ollama's /api/show),
-        else `[model] window`."""
+        """`[model] window` when the user set it, and then the backend is asked nothing; else the
+        backend's window (llama.cpp's /props, vLLM's /v1/models, Ollama's /api/show; asked once
+        and remembered, its having none too: `Backend.window`), else `[model] window` as
+        `settings` has it (the model file's, with `[model] use`). Asked each turn."""
+        if user_set(self.settings, "window"):
+            return self.settings.model.window
         return self.backend.window() or settings.model.window
 
     def counting(self, messages: int, work: Callable[[TokenCounter], T]) -> T:
