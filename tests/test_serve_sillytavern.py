@@ -146,7 +146,8 @@ def test_entries_reordered_or_stopped_are_sent_as_first_sent_for_a_while() -> No
     assert memory.frame((main, lore, card), 300, 16) == (main, lore, card)
     reordered = FramePart("Entry three.\nEntry one.\nEntry two.")  # the same entries, fired in another order
     assert memory.frame((main, reordered, card), 302, 16) == (main, lore, card)
-    fewer = FramePart("Entry two.")  # some of them: the whole, as first sent
+    assert memory.frame((main, card), 303, 16) == (main, lore, card)  # none fired: kept
+    fewer = FramePart("Entry two.")  # some of them, once it came and went: the whole, as first sent
     assert memory.frame((main, fewer, card), 304, 16) == (main, lore, card)
     assert memory.frame((main, card), 310, 16) == (main, lore, card)  # stopped firing: kept...
     assert memory.frame((main, card), 318, 16) == (main, lore, card)  # 16 messages after it was last sent whole

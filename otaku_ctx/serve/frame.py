@@ -4,17 +4,27 @@ cache keeps it).
 
 SillyTavern sends its main prompt, the card, the persona and the World Info entries that fired
 this turn as leading system messages. Two of these change the frame from turn to turn without
-changing what it says, and each would cost the cache the whole prompt after it:
+changing what it says, and each would cost the cache the whole prompt after it; an edit changes
+what it says, and must be sent as made. A part is matched to a kept one (`FrameMemory.matching`)
+by these rules, in this order:
 
 - **Entries reordered.** The entries that fired are joined in one message in the order they
-  fired, so the same entries come in another order. A part whose lines are all lines of a part
-  sent before (the same entries, or fewer of them) is that part (`FrameMemory.matching`), sent
-  as it was first sent.
+  fired, so the same entries come in another order. A part of the same lines as a part sent
+  before is that part, sent as it was first sent.
+- **An edit.** A part sent alike in every turn since it first came (`Kept.steady`: the card,
+  the persona, the main prompt) that now comes with fewer lines was edited (the user deleted
+  their PIN from the persona): it is taken as sent, and the lines taken out are never sent
+  again.
+- **Fewer entries.** A part whose lines are some of those of a part that has come and gone or
+  changed before (a World Info block) is that part, sent as first sent, while it is held
+  (below).
 - **Entries that stop firing.** A part the frontend stops sending is kept while the frame brings
-  nothing new (`sticky`: for at most that many messages of the chat since it was last sent
-  whole), as SillyTavern's own "sticky" entries stay after they fire. A frame that brings a part
-  never sent before (another entry, an edited prompt, a group member's own card) is taken as
-  sent: what it does not send again is forgotten.
+  nothing new, as SillyTavern's own "sticky" entries stay after they fire. A part is held
+  (`FrameMemory.holds`) only while 0 <= length − seen <= `sticky`: the chat has at most that
+  many messages more than when it was last sent whole, and never across a cut — a chat shorter
+  than at the last turn (cut back, messages deleted) ends every hold at once.
+- **Something new.** A frame that brings a part never sent before (another entry, an edit, a
+  group member's own card) is taken as sent: what it does not send again is forgotten.
 
 Of what is left, the parts sent every turn stay first; the others move (`FrameMemory.moving`) to
 where a change costs little (`chats.framed`).
@@ -37,39 +47,49 @@ def lines_of(part: FramePart) -> frozenset[str]:
 
 @dataclass
 class Kept:
-    """A part of the frame as first sent, its lines, and the chat's length when it was last sent
-    whole."""
+    """A part of the frame as first sent, its lines, the chat's length when it was last sent
+    whole, and whether it was sent alike (its lines, whole) in every turn since it first came."""
 
     part: FramePart
     lines: frozenset[str]
     seen: int
+    steady: bool = True
 
 
 @dataclass
 class FrameMemory:
-    """A chat's frame across its turns: the parts it sent, in the order it first sent them, and
-    the parts that stayed in every turn (None before the first)."""
+    """A chat's frame across its turns: the parts it sent, in the order it first sent them, the
+    parts that stayed in every turn (None before the first), and the chat's length at the last
+    turn (a shorter one is a cut)."""
 
     kept: list[Kept] = field(default_factory=list)
     stable: frozenset[FramePart] | None = None
+    length: int = 0
     # where each system message inside the chat was placed last turn: after this many of the
     # chat's other messages (`held`)
     anchors: dict[str, int] = field(default_factory=dict)
 
+    def holds(self, k: Kept, length: int, sticky: int) -> bool:
+        """Whether `k`, not sent whole this turn, is still sent: for at most `sticky` messages of
+        the chat since it was last sent whole, and never across a cut."""
+        return length >= self.length and 0 <= length - k.seen <= sticky
+
     def matching(self, part: FramePart, lines: frozenset[str], length: int, sticky: int) -> Kept | None:
-        """The kept part this one (of these `lines`) is: the same lines, or some of them while the
-        whole was sent within the last `sticky` messages."""
-        for k in self.kept:
-            if k.part.name == part.name and lines and lines <= k.lines:
-                if lines == k.lines or length - k.seen <= sticky:
-                    return k
-        return None
+        """The kept part this one (of these `lines`) is: one of the same lines; else one it has
+        some of the lines of, while that is held — unless one of those was sent alike every turn,
+        when this is an edit of it (None: taken as sent)."""
+        fuller = [k for k in self.kept if k.part.name == part.name and lines and lines <= k.lines]
+        same = next((k for k in fuller if k.lines == lines), None)
+        if same is not None or any(k.steady for k in fuller):
+            return same
+        return next((k for k in fuller if self.holds(k, length, sticky)), None)
 
     def frame(self, sent: Sequence[FramePart], length: int, sticky: int) -> tuple[FramePart, ...]:
         """The frame this turn sends on, for the frame the frontend `sent` with a chat of `length`
-        messages: each part as first sent; with nothing new, the parts not sent again that were
-        sent whole within the last `sticky` messages too (0: none)."""
+        messages: each part as first sent; with nothing new, the parts not sent again that are
+        still held (`holds`; `sticky` 0: none)."""
         now: list[Kept] = []
+        whole: list[Kept] = []
         new = False
         for part in sent:
             lines = lines_of(part)
@@ -80,10 +100,15 @@ class FrameMemory:
                 k.seen = length
             if all(k is not other for other in now):
                 now.append(k)
+            if k.lines == lines:
+                whole.append(k)
+        for k in self.kept:
+            k.steady = k.steady and any(k is w for w in whole)
         if new:  # something new: the frame as sent, the rest forgotten
             self.kept = now
         else:
-            self.kept = [k for k in self.kept if any(k is n for n in now) or length - k.seen <= sticky]
+            self.kept = [k for k in self.kept if any(k is n for n in now) or self.holds(k, length, sticky)]
+        self.length = length
         return tuple(k.part for k in self.kept)
 
     def moving(self, frame: Sequence[FramePart]) -> frozenset[FramePart]:
