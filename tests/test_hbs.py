@@ -224,6 +224,29 @@ def test_any_story_text_comes_out_exactly_as_written(story: str) -> None:
     assert template.render({"story": story}) == [Block("user", f"<{story}>")]
 
 
+@given(st.text(alphabet=st.sampled_from("ab \t\r\n")))
+def test_a_value_at_a_block_edge_keeps_its_own_newlines_and_the_template_s_are_dropped(story: str) -> None:
+    """Issue 48: the newlines the template writes around `{{message}}` are layout; the message's
+    own ("…\\n\\n", "\\r\\n", a leading line break) are its text."""
+    template = compile_template("{{#userBlock}}\n\n{{story}}\r\n\n{{/userBlock}}\n{{story}}\n", "t")
+    loose = [Block("system", story)] if story.strip() else []
+    assert template.render({"story": story}) == [Block("user", story), *loose]
+
+
+def test_only_the_template_s_newlines_at_a_block_edge_are_layout() -> None:
+    source = (
+        "{{#userBlock}}\n{{#if name}}{{name}}: {{/if}}{{{message}}}\n{{/userBlock}}\n"
+        "{{#systemBlock}}\n{{empty}}\n\nRules\n{{empty}}\n{{/systemBlock}}\n"
+        "{{#assistantBlock}}{{lead}}\nmiddle\n{{trim}}\n{{tail}}{{/assistantBlock}}"
+    )
+    context = {"name": "Tom", "message": "  hi \n\n", "empty": "", "lead": "\r\nyo", "tail": "\n\nend\n"}
+    assert compile_template(source, "t").render(context) == [
+        Block("user", "Tom:   hi \n\n"),  # the message's spaces and blank line, the template's line breaks gone
+        Block("system", "Rules"),  # an empty value is no edge: the layout past it is still cut
+        Block("assistant", "\r\nyo\nmiddleend\n"),  # `{{trim}}` takes the newlines beside it, a value's too
+    ]
+
+
 # --- the Serene Pub default template (seed 000) ------------------------------------------------
 
 

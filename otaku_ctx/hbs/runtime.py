@@ -223,6 +223,14 @@ TRIM = object()
 ROLE_END = object()
 
 
+class Layout(str):
+    """Text the template itself wrote (its literal text, never a value): the only text whose
+    newlines at a block's edges are layout, dropped when the block is cut. A value prints as a
+    plain `str` (`to_plain` makes every string one), so data can never pass for layout."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True)
 class _RoleStart:
     role: Role
@@ -259,16 +267,18 @@ def assemble_blocks(stream: list) -> list[Block]:
 
     Text inside a role block belongs to it, even if empty (an empty assistant block can be the
     turn the model continues). Loose text becomes a system block unless it is only whitespace.
-    Every block loses its leading and trailing newlines, not its spaces; nothing is merged.
+    Every block loses the template's own newlines at its two edges (`_without_layout_edges`),
+    never its spaces, nor a value's own newlines (a message that ends in a blank line keeps it);
+    nothing is merged.
     """
     blocks: list[Block] = []
     pieces: list = []
     role: Role = "system"  # loose text, outside any role block, is system text
     for item in stream:
-        if type(item) is str or item is TRIM:
+        if isinstance(item, str) or item is TRIM:
             pieces.append(item)
             continue
-        text = _join_trimmed(pieces).strip("\r\n")
+        text = _join_trimmed(_without_layout_edges(pieces))
         pieces = []
         if item is ROLE_END:
             blocks.append(Block(role, text))
@@ -277,10 +287,27 @@ def assemble_blocks(stream: list) -> list[Block]:
             if text.strip():
                 blocks.append(Block("system", text))
             role = item.role
-    text = _join_trimmed(pieces).strip("\r\n")
+    text = _join_trimmed(_without_layout_edges(pieces))
     if text.strip():
         blocks.append(Block("system", text))
     return blocks
+
+
+def _without_layout_edges(pieces: list) -> list:
+    """A block's pieces less the newlines the template wrote at its edges: the line breaks
+    around `{{message}}` in `{{#userBlock}}\n{{message}}\n{{/userBlock}}`. Only `Layout` text is
+    cut, up to the first value that prints something; a value's text is data, sent as it came."""
+    pieces = list(pieces)
+    for order, strip in ((range(len(pieces)), str.lstrip), (range(len(pieces) - 1, -1, -1), str.rstrip)):
+        for index in order:
+            piece = pieces[index]
+            if piece is TRIM:
+                continue
+            if type(piece) is Layout:
+                piece = pieces[index] = Layout(strip(piece, "\r\n"))  # still layout, for the other edge
+            if piece:
+                break
+    return pieces
 
 
 def raw_text(stream: list[Any]) -> str:
@@ -318,8 +345,10 @@ def nothing(frame: Frame, out: Output) -> None:
 
 
 def text_step(text: str) -> Step:
+    layout = Layout(text)
+
     def emit(frame: Frame, out: Output) -> None:
-        out.append(text)
+        out.append(layout)
 
     return emit
 
@@ -431,7 +460,7 @@ class _Bounded:
         self.name, self.bound, self.chars, self.turns = name, bound, 0, 0
 
     def append(self, item: Any) -> None:
-        if type(item) is str:
+        if isinstance(item, str):
             self.chars += len(item)
             if self.chars > self.bound:
                 raise self.error(f"renders more than {self.bound:,} characters")
