@@ -224,6 +224,12 @@ def client(running: Running, key: str = "none", **given: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=running.url, api_key=key, max_retries=0, timeout=20, **given)
 
 
+def begun(talk: openai.OpenAI, messages: list[dict[str, Any]], **given: Any) -> None:
+    """A chat's first request: served, and held as a one-shot (`serve.sessions`) until the
+    request after it continues it; so the request a test looks at next is a chat's turn."""
+    talk.chat.completions.create(model="local", messages=messages, **given)
+
+
 def chat(n: int, frame: str = "You are the keeper of the lighthouse.", words: int = 12) -> list[dict[str, Any]]:
     """A chat of `n` messages after a system frame: Keeper's greeting first, then by turns."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": frame}]
@@ -363,6 +369,7 @@ def test_usage_is_read_as_each_server_reports_it() -> None:
 
 def test_a_chat_is_assembled_and_forwarded_with_its_body(serving: Running, stand_in: StandIn) -> None:
     messages = chat(9)
+    begun(client(serving), messages)
     reply = client(serving).chat.completions.create(
         model="local", messages=messages, temperature=0.3, stop=["\nMara:"], max_tokens=50, seed=7
     )
@@ -388,11 +395,12 @@ def test_a_streamed_reply_arrives_chunk_by_chunk(serving: Running, stand_in: Sta
 
 
 def test_a_streamed_turn_is_counted_once_its_last_event_passes(serving: Running, stand_in: StandIn) -> None:
+    begun(client(serving), chat(3))
     stream = client(serving).chat.completions.create(model="local", messages=chat(5), stream=True)
     for _ in stream:  # the client hangs up once it has [DONE]
         pass
     stream.close()
-    [turn] = json.loads(_get(serving, "/ctx/stats"))["chats"][0]["turns"]
+    [_, turn] = json.loads(_get(serving, "/ctx/stats"))["chats"][0]["turns"]
     assert (turn["prompt_tokens"], turn["cached"]) == (100, 90)
 
 
@@ -440,7 +448,7 @@ def test_two_chats_at_once_each_get_their_own(serving: Running, stand_in: StandI
     assert stand_in.most == 2  # the backend answered the two at once, not one after the other
     frames = {b["messages"][0]["content"].split("\n")[0]: b for b in stand_in.bodies}
     assert got == {f: reply_text(frames[f]) for f in ("A ferry.", "A lamp.")}
-    assert len(json.loads(_get(serving, "/ctx/stats"))["chats"]) == 2
+    assert json.loads(_get(serving, "/ctx/stats"))["one_shots"] == {"served": 2, "held": 2}  # no chat's yet
 
 
 def test_a_chat_that_cannot_fit_is_refused_naming_the_window(serving: Running, stand_in: StandIn) -> None:
@@ -467,8 +475,9 @@ def test_a_long_chat_fits_the_backends_window_less_the_reply(serving: Running, s
         for i, (a, b) in enumerate([(3, 14), (15, 26), (27, 38)])
     ]
     (home / f"{key}.ctx-summaries").write_text("".join(r.line_text() + "\n" for r in records))
-    client(serving).chat.completions.create(model="local", messages=chat(60), max_tokens=300)
-    [turn] = json.loads(_get(serving, "/ctx/stats"))["chats"][0]["turns"]
+    for _ in range(2):  # a first request, then the chat's turn
+        client(serving).chat.completions.create(model="local", messages=chat(60), max_tokens=300)
+    [_, turn] = json.loads(_get(serving, "/ctx/stats"))["chats"][0]["turns"]
     assert turn["case"] in (3, 5) and turn["sent"] <= turn["limit"] == 3000 - 300
     assert "Scene 3-14 in short." in json.dumps(stand_in.bodies[-1]["messages"])
 
@@ -574,6 +583,7 @@ def test_a_client_that_goes_away_cancels_the_backend_request(
     serving: Running, stand_in: StandIn, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="otaku_ctx.serve")
+    begun(client(serving), chat(3))
     stand_in.mode = "hang"
     host, port = serving.url.split("//")[1].split("/")[0].split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=5)
@@ -588,7 +598,7 @@ def test_a_client_that_goes_away_cancels_the_backend_request(
     while not (turns := [t for c in json.loads(_get(serving, "/ctx/stats"))["chats"] for t in c["turns"]]):
         assert time.monotonic() < deadline, "the stopped turn is not in /ctx/stats"
         time.sleep(0.05)
-    [stopped] = turns  # SillyTavern's Stop: a turn all the same, marked, with what was sent
+    [_, stopped] = turns  # SillyTavern's Stop: a turn all the same, marked, with what was sent
     assert stopped["cancelled"] is True and stopped["sent"] > 0 and stopped["prompt_tokens"] is None
     assert any("stopped by the client" in r.getMessage() for r in caplog.records)  # and one line of the log
 
@@ -658,7 +668,8 @@ def test_summaries_are_written_in_the_background_and_used(stand_in: StandIn) -> 
     running = Running(Service(settings_for(stand_in.url, summarize=True)))
     try:
         talk = client(running)
-        # the first turn is played at once, on ctx's own provisional scenes
+        begun(talk, chat(60), max_tokens=200)
+        # the chat's first turn is played at once, on ctx's own provisional scenes
         talk.chat.completions.create(model="local", messages=chat(60), max_tokens=200)
         first = json.dumps(stand_in.bodies[-1]["messages"])
         assert "(provisional)" in first or "[Story so far" in first
@@ -685,6 +696,7 @@ def test_a_summary_reply_that_loops_is_asked_again_with_the_servers_penalty(stan
     running = Running(Service(settings_for(stand_in.url, summarize=True)))
     try:
         talk = client(running)
+        begun(talk, chat(60), max_tokens=200)
         talk.chat.completions.create(model="local", messages=chat(60), max_tokens=200)
         home = Path(os.environ["OTAKU_HOME"]) / "chats"
         deadline = time.monotonic() + 60  # a hang guard
@@ -712,6 +724,7 @@ def test_a_summarizer_that_fails_says_so_in_the_stats(stand_in: StandIn, monkeyp
     running = Running(Service(settings_for(stand_in.url, summarize=True)))
     try:
         talk = client(running)
+        begun(talk, chat(60), max_tokens=200)
         said = ""
         deadline = time.monotonic() + 30  # a hang guard
         while not said and time.monotonic() < deadline:
@@ -728,6 +741,7 @@ def test_a_live_request_waits_behind_one_summary_request_at_most(stand_in: Stand
     running = Running(Service(settings_for(stand_in.url, summarize=True)))
     try:
         talk = client(running)
+        begun(talk, chat(60), max_tokens=200)
         talk.chat.completions.create(model="local", messages=chat(60), max_tokens=200)
         while not stand_in.summaries:
             time.sleep(0.02)

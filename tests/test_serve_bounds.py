@@ -43,8 +43,9 @@ def test_many_chats_keep_a_bounded_number_of_sessions(raw: RawBackend) -> None:
     running = Running(service)
     try:
         client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=20)
-        for n in range(30):  # thirty chats, each its own opening and its own system prompt
-            client.chat.completions.create(model="m", messages=chat(6, frame=f"System {n}.", words=8 + n))
+        for n in range(30):  # thirty chats, each its own opening and its own system prompt, each two turns
+            for turn in (5, 6):
+                client.chat.completions.create(model="m", messages=chat(turn, frame=f"System {n}.", words=8 + n))
         assert len(service.sessions) == 10  # the least recently used went, whole
         host, port = address(running)
         connection = http.client.HTTPConnection(host, port, timeout=5)

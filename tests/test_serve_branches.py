@@ -55,21 +55,24 @@ def test_two_branches_played_in_turn_ask_each_scene_once_and_keep_their_own() ->
 
     running = Running(Service(settings_for(stand_in.url, summarize=True)))
     try:
-        for turn, messages in enumerate([chat(60), branched(60, 40), chat(68), branched(68, 40), chat(68)]):
+        # each first request of a chat is a one-shot (no summaries); the one after it makes it a chat
+        played = [chat(58), chat(60), branched(58, 40), branched(60, 40), chat(68), branched(68, 40), chat(68)]
+        for turn, messages in enumerate(played):
             play(running, messages, turn)
     finally:
         running.stop()
-    first, branch, *switches = asked
+    assert asked[0] == asked[2] == 0  # the one-shots: nothing asked
+    first, branch, *switches = asked[1], *asked[3:]
     assert first > branch > 0  # the branch asks for its own scenes only, after message 40
     assert switches[0] == switches[1] > 0 and switches[2] == 0  # the eight new messages' scene; none again
     again = Running(Service(settings_for(stand_in.url, summarize=True)))
     try:
-        play(again, branched(68, 40), 5)
-        play(again, chat(68), 6)
+        for turn, messages in enumerate([branched(68, 40), branched(68, 40), chat(68), chat(68)], 7):
+            play(again, messages, turn)
     finally:
         again.stop()
         stand_in.stop()
-    assert asked[-2:] == [0, 0]
+    assert asked[-4:] == [0, 0, 0, 0]
     main, fork = sorted((p.name for p in (Path(os.environ["OTAKU_HOME"]) / "chats").glob("*.ctx-summaries")), key=len)
     assert fork.startswith(main.removesuffix(".ctx-summaries") + "-")  # the opening's file, and the branch's
 
@@ -82,7 +85,7 @@ def test_an_edit_swipe_or_deletion_keeps_the_chat_a_branch_forks_it() -> None:
         return [("user" if ord(text) % 2 else "assistant", None, text) for text in texts]
 
     sessions, chat_ = Sessions(), Chat("o1", False, "o1")
-    first = sessions.take(chat_, said(*"abcdefgh"), range(1, 9))
+    first = sessions.take(chat_, said(*"abcdefgh"), range(1, 9))  # a one-shot, a chat from its next request
     kept = {
         "continued": said(*"abcdefghij"),
         "swiped (the last reply not sent)": said(*"abcdefg"),
@@ -96,7 +99,7 @@ def test_an_edit_swipe_or_deletion_keeps_the_chat_a_branch_forks_it() -> None:
         assert sessions.take(chat_, dialogue, range(1, len(dialogue) + 1)) is first, how
         sessions.take(chat_, said(*"abcdefgh"), range(1, 9))
     branch = sessions.take(chat_, said(*"abcXY"), range(1, 6))  # branched at the fourth, and went on
-    assert branch is not first and branch.pool.startswith("o1-") and branch.sidecar.inherits == "o1"
+    assert branch is not first and branch.key != first.key
     assert sessions.take(chat_, said(*"abcdefghij"), range(1, 11)) is first
     assert sessions.take(chat_, said(*"abcXYZ"), range(1, 7)) is branch
     assert len(sessions) == 2

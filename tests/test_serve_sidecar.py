@@ -74,9 +74,9 @@ def test_two_serves_on_one_sidecar_write_each_scene_once_and_keep_them_all() -> 
     second = Running(Service(settings_for(stand_in.url, summarize=True)))
     try:
         for running in (first, second):
-            openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30).chat.completions.create(
-                model="m", messages=chat(60), max_tokens=200
-            )
+            for _ in range(2):  # a one-shot, then the chat's turn
+                talk = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30)
+                talk.chat.completions.create(model="m", messages=chat(60), max_tokens=200)
         deadline = time.monotonic() + 60
         while True:  # until neither has anything left to write (the one refused the lock tries again)
             left = 0
@@ -124,7 +124,8 @@ def test_two_serves_and_a_ctx_summarize_for_a_whole_run_keep_every_scene(tmp_pat
 
     def play(running: Running, n: int) -> None:
         client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30)
-        client.chat.completions.create(model="m", messages=chat(n), max_tokens=200)
+        for _ in range(2):  # on a serve that does not know the chat yet, its first request is a one-shot
+            client.chat.completions.create(model="m", messages=chat(n), max_tokens=200)
         time.sleep(0.3)
         deadline = time.monotonic() + 60
         while summaries_left(running):
@@ -182,7 +183,8 @@ def test_a_hand_edit_made_while_serve_writes_wins_and_serve_s_pass_costs_what_it
     running = Running(Service(settings_for(stand_in.url, summarize=True)))
     try:
         client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30)
-        client.chat.completions.create(model="m", messages=chat(60), max_tokens=200)
+        for _ in range(2):  # a one-shot, then the chat's turn
+            client.chat.completions.create(model="m", messages=chat(60), max_tokens=200)
         folder, deadline = Path(os.environ["OTAKU_HOME"]) / "chats", time.monotonic() + 30
         while not list(folder.glob("*.ctx-summaries")) or not read_sidecar(next(folder.glob("*.ctx-summaries"))):
             assert time.monotonic() < deadline

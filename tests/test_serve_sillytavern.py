@@ -215,11 +215,12 @@ def test_a_named_part_of_the_frame_keeps_its_name() -> None:
 def test_naming_a_chat_takes_over_its_unnamed_session() -> None:
     story = chat_story({"messages": chat(6)})
     sessions = Sessions(most=2)
-    unnamed = sessions.take(identify(story, {}, {}, 2))
+    unnamed = sessions.take(identify(story, {}, {}, 2))  # a one-shot: named on its second request
     named = sessions.take(identify(story, {}, {"X-Ctx-Chat": "lamp"}, 2))
     assert named is unnamed and named.chat.named and len(sessions) == 1
-    for n in range(3):  # the bound: the least recently used goes, whole
-        sessions.take(identify(chat_story({"messages": chat(6, words=20 + n)}), {}, {}, 2))
+    for n in range(3):  # the bound: the least recently used goes, whole (each a one-shot, then a chat)
+        for _ in range(2):
+            sessions.take(identify(chat_story({"messages": chat(6, words=20 + n)}), {}, {}, 2))
     assert len(sessions) == 2 and named not in list(sessions)
 
 

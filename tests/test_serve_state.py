@@ -182,12 +182,13 @@ def test_parse_refuses_each_malformed_request(how: str) -> None:
 
 
 def registry(service: Service) -> list[tuple[Any, ...]]:
-    """What the registry holds, in its order: each session, its identity and what its turns kept."""
+    """What the registry holds, in its order: each session, its identity and what its turns kept;
+    and the one-shots served and held."""
     return [
         (s, s.key, s.pool, list(s.dialogue), list(s.numbers), s.turn.sent, s.turn.rung, s.turn.cut,
-         copy.deepcopy(s.turn.frame), len(s.stats.all()), s.sidecar.own_pool, s.sidecar.inherits)
+         copy.deepcopy(s.turn.frame), len(s.stats.all()), s.sidecar.own_pool)
         for s in service.sessions
-    ]  # fmt: skip
+    ] + [(service.sessions.one_shots_served, service.sessions.held)]  # fmt: skip
 
 
 def files(folder: Path) -> dict[str, bytes]:
@@ -216,8 +217,9 @@ def test_a_refused_request_leaves_the_registry_and_every_sidecar_as_they_were(
             for n in (50, 52):
                 answer = await client.post("/v1/chat/completions", json={"model": "m", "messages": chat(n)})
                 assert answer.status == 200
-            answer = await client.post("/v1/chat/completions", json={"model": "m", "messages": BRANCH})
-            assert answer.status == 200
+            for _ in range(2):  # a branch: a one-shot, then a chat
+                answer = await client.post("/v1/chat/completions", json={"model": "m", "messages": BRANCH})
+                assert answer.status == 200
             summarizer = service.summarizer
             assert summarizer is not None
             for _ in range(400):  # a hang guard: the summaries written in the background
@@ -240,18 +242,19 @@ def test_a_refused_request_leaves_the_registry_and_every_sidecar_as_they_were(
 
 
 def test_matching_a_request_changes_nothing() -> None:
-    """`Sessions.match` is pure: asked of a new chat, a fork and a renaming, it leaves the registry
+    """`Sessions.match` is pure: asked of a new chat, an edit and a renaming, it leaves the registry
     as it was; `take` then does what it said."""
     from otaku_ctx.serve.chats import Chat
 
     sessions = Sessions()
-    first = sessions.take(Chat("o1", False, "o1"), [("user", None, "a"), ("assistant", None, "b")], [1, 2])
+    for _ in range(2):  # a one-shot, then a chat
+        first = sessions.take(Chat("o1", False, "o1"), [("user", None, "a"), ("assistant", None, "b")], [1, 2])
     before = list(sessions)
     fork = sessions.match(Chat("o1", False, "o1"), [("user", None, "x"), ("assistant", None, "y")])
     renamed = sessions.match(Chat("n1", True, "o1"), [("user", None, "a")])
     new = sessions.match(Chat("o2", False, "o2"))
     assert list(sessions) == before and first.chat.key == "o1" and len(sessions) == 1
-    assert fork.found is first and not fork.fork  # the first message edited: the same chat
+    assert fork.found is first and not fork.promoted  # its two messages edited: the same chat
     assert renamed.renamed == (first,) and new.found is None
     assert sessions.take(Chat("n1", True, "o1"), [("user", None, "a")], [1]) is first and first.chat.named
 

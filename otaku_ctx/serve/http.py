@@ -10,8 +10,9 @@ its lane's worker thread (`setup.Lanes`), the chat's session is taken and the tu
 the backend's real window less the reply; the assembled messages go on in the same request body
 and the reply comes back whole or chunk by chunk; the turn is logged and kept in `/ctx/stats`.
 `GET /v1/models` and `POST /v1/completions` pass through unchanged (a flat text prompt cannot be
-re-assembled); `GET /health`; `GET /ctx/stats`. Every failure is an error class that carries its
-own status (`errors`), answered in one place (`answer_errors`).
+re-assembled); `GET /health`; `GET /ctx/stats`. Each `/v1/…` path is answered without `/v1` too,
+and under `/chat/NAME/v1/…` (or `/chat/NAME/…`), which names the chat as `X-Ctx-Chat` does.
+Every failure is an error class that carries its own status (`errors`), answered in one place (`answer_errors`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import ipaddress
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from functools import partial
 
 from aiohttp import web
@@ -33,6 +34,7 @@ from ..errors import ConfigError, OtakuError
 from ..summarize import options_of
 from . import relay
 from .body import read_json
+from .chats import HEADER
 from .errors import Failure, ServeError, Unauthorized, failure_of
 from .logs import unquoted
 from .record import record, refusal, stats_of
@@ -84,7 +86,10 @@ class Service:
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
-        turn = parse(await read_json(request, self.settings.serve.max_body), request.headers, self.settings.serve)
+        headers: Mapping[str, str] = request.headers
+        if "chat" in request.match_info:  # named in the URL, for a frontend that can set nothing else
+            headers = {**request.headers, HEADER: request.match_info["chat"]}
+        turn = parse(await read_json(request, self.settings.serve.max_body), headers, self.settings.serve)
         lane = self.lanes.lane(turn.messages)
         with self.gate.live():
             setup = await lane.run(lambda: self.lanes.setup(lane, str(turn.body.get("model") or "")))
@@ -129,9 +134,12 @@ class Service:
     def app(self) -> web.Application:
         middlewares: list[Middleware] = [cors, answer_errors, authorized(self.key)]
         app = web.Application(client_max_size=self.settings.serve.max_body, middlewares=middlewares)
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_get("/v1/models", self.models)
+        # under /v1 as OpenAI's API, without it as llama.cpp's server answers too (Agnai's Local
+        # Requests post there), and under /chat/NAME/ for a chat named in the URL
+        for base in ("/v1", "", "/chat/{chat}/v1", "/chat/{chat}"):
+            app.router.add_post(f"{base}/chat/completions", self.chat_completions)
+            app.router.add_post(f"{base}/completions", self.completions)
+            app.router.add_get(f"{base}/models", self.models)
         app.router.add_get("/health", health)
         app.router.add_get("/ctx/stats", self.ctx_stats)
         app.cleanup_ctx.extend([self._upstream, self._lanes, self._summaries])

@@ -75,7 +75,8 @@ def record(session: Session | None, assembled: Assembled, usage: Usage, seconds:
 
 
 def stats_of(sessions: Sessions) -> dict[str, Any]:
-    """`GET /ctx/stats`: each chat that has had a turn, its case, its summaries, its turns."""
+    """`GET /ctx/stats`: each chat that has had a turn, its case, its summaries, its turns; and
+    the requests served as one-shots (no chat's: `sessions`), and how many are held."""
     chats = []
     for session in sessions:
         turns = session.stats.all()
@@ -92,4 +93,4 @@ def stats_of(sessions: Sessions) -> dict[str, Any]:
                 "turns": [t.facts() for t in turns],
             }
         )
-    return {"chats": chats}
+    return {"chats": chats, "one_shots": {"served": sessions.one_shots_served, "held": sessions.held}}

@@ -18,7 +18,6 @@ says what it depends on.
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -29,7 +28,7 @@ from ..assemble import Walked
 from ..story.model import Message, Scene, Story
 from ..story.sidecar import Judged, Record
 from ..tokens import common_length
-from .chats import Chat, digest
+from .chats import Chat
 from .frame import FrameMemory
 from .stats import Turn
 
@@ -40,15 +39,15 @@ MOST_TURNS = 1000
 
 @dataclass(frozen=True)
 class Known(Generic[T]):
-    """A value worked out from a sidecar's `records` and a story's `messages`. It stands while the
-    records are the same list (a file read again is a new one) and the story holds those
-    messages first, as they were (it only grew)."""
+    """A value worked out from a sidecar's `records` (or several files' lists of them) and a
+    story's `messages`. It stands while the records are the same object (a file read again is a
+    new one) and the story holds those messages first, as they were (it only grew)."""
 
-    records: Sequence[Record]
+    records: Sequence[Any]
     messages: tuple[Message, ...]
     value: T
 
-    def holds(self, records: Sequence[Record], messages: Sequence[Message]) -> bool:
+    def holds(self, records: Sequence[Any], messages: Sequence[Message]) -> bool:
         return self.records is records and common_length(messages, self.messages) == len(self.messages)
 
 
@@ -81,42 +80,29 @@ class TurnState:
         news, self.said = said != self.said, said
         return news
 
-    def copied(self) -> TurnState:
-        made = copy.copy(self)
-        made.frame = copy.deepcopy(self.frame)
-        return made
-
 
 class SidecarState:
-    """Which summaries file a chat reads and what a turn last made of its records. Lock: `lock`,
-    its own (a turn writes it; the summarizer asks it for the chat's records)."""
+    """Which summaries file a chat writes and what a turn last made of the records it reads.
+    Lock: `lock`, its own (a turn writes it; the summarizer asks it for the chat's records)."""
 
-    def __init__(self, own_pool: str = "", inherits: str | None = None) -> None:
+    def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.own_pool = own_pool  # its file's name, "" for its opening's (`Chat.pool`)
-        self.inherits = inherits  # the file whose scenes that still tell it it reads until it has its own
+        self.own_pool = ""  # its file's name, "" for its opening's (`Chat.pool`)
         self.placed = False  # its file chosen among its opening's, on its first turn (`Store.place`)
-        self.inherited: Known[list[Record]] | None = None  # the parent's records that still tell it
+        # the records of its opening's other files that tell its messages word for word
+        self.borrowed: Known[list[Record]] | None = None
         self.judged: Known[Judged] | None = None  # the verdict on its records
         self.held: Sequence[Record] | None = None  # the records a turn uses while the summarizer writes
         # the scenes a turn last used: the messages and the verdict they were made for, and the scenes
         self.scenes: tuple[tuple[Message, ...], Judged, tuple[Scene, ...]] | None = None
 
-    def forked(self, own_pool: str, inherits: str) -> SidecarState:
-        """A branch's: a file of its own, reading this one's; what was worked out kept (its
-        provisional scenes go on while its messages are the same)."""
-        made = SidecarState(own_pool, inherits)
+    def place(self, own_pool: str) -> None:
         with self.lock:
-            made.judged, made.held, made.scenes = self.judged, self.held, self.scenes
-        return made
+            self.own_pool, self.placed = own_pool, True
 
-    def place(self, own_pool: str, inherits: str | None) -> None:
+    def keep_borrowed(self, known: Known[list[Record]]) -> None:
         with self.lock:
-            self.own_pool, self.inherits, self.placed = own_pool, inherits, True
-
-    def keep_inherited(self, known: Known[list[Record]]) -> None:
-        with self.lock:
-            self.inherited = known
+            self.borrowed = known
 
     def keep_judged(self, known: Known[Judged]) -> None:
         with self.lock:
@@ -212,12 +198,13 @@ class Turns:
 
 @dataclass(eq=False)
 class Session:
-    """One chat, as serve knows it across its turns. Lock: `Sessions.lock`, the registry's, under
-    which the registry alone writes its identity (`chat`, `branch`, `dialogue`, `numbers`); its own
-    `lock` is the turn's, held while a turn of it is assembled (it guards `turn`)."""
+    """One chat (or one-shot: `sessions`), as serve knows it across its turns. Lock: `Sessions.lock`,
+    the registry's, under which the registry alone writes its identity (`chat`, `branch`,
+    `dialogue`, `numbers`); its own `lock` is the turn's, held while a turn of it is assembled (it
+    guards `turn`)."""
 
     chat: Chat
-    branch: str = ""  # which branch of its opening it is: "" the first
+    branch: str = ""  # which of the chats of its key it is: "" the first
     # its dialogue as last sent ((role, name, content) of each user and assistant message) and
     # each one's number in its story
     dialogue: Sequence[tuple[Any, Any, Any]] = ()
@@ -243,13 +230,3 @@ class Session:
     def named(self, chat: Chat) -> None:
         """The chat is now named (its first request with a name): it keeps its turns and walk."""
         self.chat = chat
-
-    def fork(self, common: int, dialogue: Sequence[tuple[Any, Any, Any]], numbers: Sequence[int]) -> Session:
-        """A branch that shares its first `common` dialogue messages with this one: this one's
-        turn state and turns, with a summaries file of its own that reads this one's scenes that
-        still tell it, and summaries of its own to write."""
-        name = digest([self.pool, numbers[common], dialogue[common]])[:10]
-        return Session(
-            self.chat, name, dialogue, numbers, turn=self.turn.copied(), stats=Turns(self.stats.all()),
-            sidecar=self.sidecar.forked(f"{self.chat.pool}-{name}", self.pool),
-        )  # fmt: skip

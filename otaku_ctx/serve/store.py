@@ -1,16 +1,20 @@
-"""The summaries store: one sidecar an opening, `~/.otaku/chats/<pool>.ctx-summaries`, in the
-format `ctx summarize` writes (`story/sidecar.py`), so either can read and extend the other's.
-It is the only thing `ctx serve` writes (`summarize.commits.Commits` writes it, under the lock
-`ctx summarize` takes too).
+"""The summaries store: `~/.otaku/chats/<pool>[-<name>].ctx-summaries`, in the format `ctx
+summarize` writes (`story/sidecar.py`), so either can read and extend the other's. It is the
+only thing `ctx serve` writes (`summarize.commits.Commits` writes it, under the lock `ctx
+summarize` takes too).
 
-Each branch of an opening has its own file (`Session.pool`): `<pool>.ctx-summaries` the first,
-`<pool>-<branch>.ctx-summaries` a fork, which reads its parent's scenes that still tell it
-(those before the branch point) until its own file is written (`Store.records_of`). A chat
-serve meets for the first time (after a restart) takes the file of its opening that tells it
-best: none of its scenes stale, the most of them; if each tells another branch from some
-scene on, it forks there (`Store.place`).
+**Each chat writes its own file, and reads every file of its opening by content.** A chat's file
+(`Session.pool`) is chosen on its first turn (`Store.place`): of its opening's files that no
+other chat of this serve writes, the one whose every scene tells it (none stale, none past its
+end), with the most scenes; else a new one, `<pool>-<name>`. So two chats never write one file,
+and a chat never writes where another chat's scenes are (after a restart, a new chat that opens
+as an old one does not take the old one's file: its scenes are past the new chat's end). What
+a chat reads (`Store.records_of`) is its own file's scenes, and, where it has none, the scenes of
+its opening's other files that tell its messages word for word (their hash, `covers`): a branch,
+a second chat with the same opening, a chat after a restart reuse the summaries of the text they
+share and ask for the rest. A summary of messages two chats both hold is both chats'.
 
-A chat's scenes (`Store.story`) are its sidecar's records judged against its messages — fresh,
+A chat's scenes (`Store.story`) are its records judged against its messages — fresh,
 touched, and stale ones too (after an edit, a stale summary serves until it is redone) — and,
 for the settled messages no record covers yet, provisional scenes of ctx's own: each scene's
 extract (`summarize.extract`: its own lines, no model) and a history rolled from them. So a
@@ -19,8 +23,11 @@ chat is played from its first turn, and the model's summaries take their place a
 
 from __future__ import annotations
 
+import bisect
+import glob
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -53,6 +60,8 @@ class Store:
         self.folder, self.cutting, self.words = folder, cutting, words
         # the file as last read, by its path: (size, mtime) and its records
         self._read: dict[Path, tuple[tuple[int, int], list[Record]]] = {}
+        self._listed: dict[str, tuple[int, list[str]]] = {}  # an opening's files, by the folder's mtime
+        self._writers: dict[str, weakref.ref[Session]] = {}  # each file's chat, while it lives
         self._lock = threading.Lock()
 
     def path(self, pool: str) -> Path:
@@ -76,44 +85,65 @@ class Store:
                 del self._read[next(iter(self._read))]
         return records
 
-    def records_of(self, session: Session, story: Story) -> tuple[list[Record], bool]:
-        """A chat's records, and whether they are its own file's: until a fork's own file is
-        written, its parent's records that are not stale for it (a branch's own scenes are)."""
-        sidecar = session.sidecar
-        with sidecar.lock:
-            inherits, known = sidecar.inherits, sidecar.inherited
-        if inherits is None or self.path(session.pool).exists():
-            return self.records(session.pool), True
-        parent = self.records(inherits)
-        if known is not None and known.holds(parent, story.messages):
-            return known.value, False  # the same file, the story only grew: a branch's scenes stay stale
-        stale = {r.id for r in judge(story, parent).stale}
-        kept = [r for r in parent if r.id not in stale]
-        sidecar.keep_inherited(Known(parent, story.messages, kept))
-        return kept, False
+    def pools(self, main: str) -> list[str]:
+        """The names of the files of the opening `main` (its own and every other chat's of it),
+        listed again when the folder changed."""
+        try:
+            stamp = os.stat(self.folder).st_mtime_ns
+        except FileNotFoundError:
+            return []
+        with self._lock:
+            known = self._listed.get(main)
+            if known is not None and known[0] == stamp:
+                return known[1]
+        pools = [
+            name
+            for path in sorted(self.folder.glob(f"{glob.escape(main)}*{SUFFIX}"))
+            if (name := path.name[: -len(SUFFIX)]) == main or name.startswith(f"{main}-")
+        ]
+        with self._lock:
+            self._listed[main] = (stamp, pools)
+            while len(self._listed) > 4 * MOST_SESSIONS:
+                del self._listed[next(iter(self._listed))]
+        return pools
+
+    def records_of(self, session: Session, story: Story) -> tuple[list[Record], list[Record]]:
+        """What a chat reads, and its own file's records (what its summarizer merges into): its
+        own records, and where they have none, those of its opening's other files that tell its
+        messages word for word (`merged`)."""
+        own = self.records(session.pool)
+        others = tuple(self.records(pool) for pool in self.pools(session.chat.pool) if pool != session.pool)
+        if not any(others):
+            return own, own
+        return merged(session, story, own, others), own
 
     def place(self, session: Session, story: Story) -> None:
         """A chat's file, on its first turn and when its file turns out to tell another branch:
-        of its opening's files the one none of whose scenes is stale for it, with the most
-        scenes; else a fork of the file it reads (its scenes before the branch point shared)."""
+        of its opening's files that no other chat of this serve writes, the one whose every
+        scene tells it, with the most scenes; else a new one of its own."""
         main = session.chat.pool
         best: tuple[int, str] | None = None
-        for path in sorted(self.folder.glob(f"{main}*{SUFFIX}")):
-            pool = path.name[: -len(SUFFIX)]
-            if pool == main or pool.startswith(f"{main}-"):
-                judged = judge(story, self.records(pool))
-                if not judged.stale and len(judged.usable) > (best[0] if best else -1):
-                    best = (len(judged.usable), pool)
+        with self._lock:
+            self._writers = {pool: writer for pool, writer in self._writers.items() if writer() is not None}
+            writers = {pool for pool, writer in self._writers.items() if writer() is not session}
+        for pool in self.pools(main):
+            records = self.records(pool)
+            if pool in writers or not records:
+                continue
+            judged = judge(story, records)
+            if not judged.stale and len(judged.usable) > (best[0] if best else -1):
+                best = (len(judged.usable), pool)
         if best is not None:
-            session.sidecar.place("" if best[1] == main else best[1], None)
-            return
-        judged = judge(story, self.records_of(session, story)[0])
-        if another_branch(judged):
-            at = judged.stale[0].start
-            said = story.messages[at - 1].content if at <= len(story.messages) else ""
-            session.sidecar.place(f"{main}-{digest([session.pool, at, said])[:10]}", session.pool)
+            chosen = best[1]
+        elif main not in writers and not self.path(main).exists():
+            chosen = main
         else:
-            session.sidecar.place(session.sidecar.own_pool, session.sidecar.inherits)
+            name = f"{main}-{digest([session.key, [m.content for m in story.messages]])[:10]}"
+            free = (f"{name}{n or ''}" for n in range(len(writers) + 2))
+            chosen = next(pool for pool in free if pool not in writers and not self.path(pool).exists())
+        with self._lock:
+            self._writers[chosen] = weakref.ref(session)
+        session.sidecar.place("" if chosen == main else chosen)
 
     def story(self, session: Session, story: Story, *, hold: bool) -> Story:
         """The chat with its scenes: the sidecar's records that still tell its messages, then
@@ -156,6 +186,25 @@ class Store:
         if judged.fresh == tuple(records):  # each fresh where it stands: more messages after change none
             session.sidecar.keep_judged(Known(records, story.messages, judged))
         return judged
+
+
+def merged(session: Session, story: Story, own: list[Record], others: tuple[list[Record], ...]) -> list[Record]:
+    """`own`, and at the places it leaves free, the records of `others` (each a file's) fresh for
+    the story, each place once (the first file's), in story order: the same list while the files
+    and the story's messages are as they were."""
+    sources = (own, *others)
+    known = session.sidecar.borrowed
+    if known is not None and len(known.records) == len(sources) and known.holds(known.records, story.messages):
+        if all(a is b for a, b in zip(known.records, sources, strict=True)):
+            return known.value
+    found = sorted(own, key=lambda r: r.start)
+    for records in others:
+        for record in judge(story, records).fresh:
+            at = bisect.bisect_left(found, record.start, key=lambda r: r.start)
+            if (at == len(found) or found[at].start > record.end) and (at == 0 or found[at - 1].end < record.start):
+                found.insert(at, record)
+    session.sidecar.keep_borrowed(Known(sources, story.messages, found))
+    return found
 
 
 def another_branch(judged: Judged) -> bool:

@@ -1,6 +1,9 @@
 """The assembling stage of a chat turn, on its lane's thread: the chat's session taken, its story
 read against the last one, its scenes (the summaries, else provisional ones), its frame placed,
-and the turn assembled (`assemble.assemble_chat`); then its summaries wished for."""
+and the turn assembled (`assemble.assemble_chat`); then its summaries wished for.
+
+A one-shot (a request that continues no chat: `sessions`) is assembled as a chat's first turn
+is, and is never summarised."""
 
 from __future__ import annotations
 
@@ -29,8 +32,10 @@ def assemble_turn(
     and remembered nowhere)."""
     if request.chat.probe:
         probe = chat_story(request.body)
-        return None, assemble_chat(probe, setup.rungs, setup.count, window=window, max_tokens=request.max_tokens)
+        assembled = assemble_chat(probe, setup.rungs, setup.count, window=window, max_tokens=request.max_tokens)
+        return None, assembled
     session = sessions.take(request.chat, request.dialogue, request.numbers)
+    one_shot = sessions.one_shot(session)
     with session.lock:  # its turn on another lane (the one that made it long) is done first
         state = session.turn
         story = chat_story(request.body, state.story, sent_before=state.sent)
@@ -46,7 +51,7 @@ def assemble_turn(
             if assembled.messages is not None:
                 break
         say_shape(session, assembled, setup)
-    if summarizer is not None:
+    if summarizer is not None and not one_shot:
         summarizer.want(session, story)
     return session, assembled
 
