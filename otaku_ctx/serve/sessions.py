@@ -67,11 +67,11 @@ def shared(new: Dialogue, old: Dialogue) -> int:
     return same
 
 
-def continues(new: Dialogue, old: Dialogue) -> bool:
-    """Whether a request of dialogue `new` is the chat last sent as `old`: gone on; cut short by
-    at most `MOST_CUT` at its end; or with one message edited, deleted or put in (after it, the
-    two go on alike, as far as both go) — the newest two edited or gone included."""
-    same = shared(new, old)
+def continues(new: Dialogue, old: Dialogue, same: int) -> bool:
+    """Whether a request of dialogue `new` is the chat last sent as `old`, the two beginning with
+    `same` messages alike (`shared`): gone on; cut short by at most `MOST_CUT` at its end; or with
+    one message edited, deleted or put in (after it, the two go on alike, as far as both go) —
+    the newest two edited or gone included."""
     if same == len(old) or (same == len(new) and len(old) - same <= MOST_CUT):
         return True
     for a, b in ((same + 1, same + 1), (same, same + 1), (same + 1, same)):
@@ -106,9 +106,9 @@ class Sessions:
                 unnamed = [*self._one_shots.values(), *self._sessions.values()]
                 renamed = [s for s in unnamed if s.chat.key == chat.pool and not s.chat.named]
             # the one it shares the most with; a tie goes to a chat over a one-shot, then to the most recent
-            known = [*held, *renamed, *family]
-            for session in sorted(reversed(known), key=lambda s: shared(dialogue, s.dialogue), reverse=True):
-                if continues(dialogue, session.dialogue):
+            known = [(shared(dialogue, s.dialogue), s) for s in reversed([*held, *renamed, *family])]
+            for same, session in sorted(known, key=lambda found: found[0], reverse=True):
+                if continues(dialogue, session.dialogue, same):
                     taken = (session,) if session in renamed else ()
                     one_shot = self._one_shots.get(session.key) is session
                     return Match(chat, session, promoted=one_shot, renamed=taken)
