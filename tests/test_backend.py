@@ -76,6 +76,7 @@ class StandIn(QuietServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
+    disable_nagle_algorithm = True  # as tests/loopback.py: no delayed-ACK wait between headers and body
     server: StandIn
 
     def _any(self) -> None:

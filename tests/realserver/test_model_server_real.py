@@ -86,6 +86,7 @@ class Proxy(ThreadingHTTPServer):
 
 
 class _Forward(BaseHTTPRequestHandler):
+    disable_nagle_algorithm = True  # as tests/loopback.py: no delayed-ACK wait between headers and body
     server: Proxy
 
     def _any(self) -> None:
