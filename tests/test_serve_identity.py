@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +77,6 @@ def test_two_chats_that_open_alike_write_their_own_summaries(serving: Running, s
     for n in (60, 62):
         for who, persona in (("Alice", ALICE), ("Bob", BOB)):
             talk.chat.completions.create(model="m", messages=played(persona, n, who), max_tokens=100)
-    import time
-
     deadline = time.monotonic() + 60
     while (
         any(c["summaries_left"] for c in json.loads(_get(serving, "/ctx/stats"))["chats"])
@@ -130,3 +129,96 @@ def test_side_requests_are_served_as_sent_and_are_no_chat(serving: Running, stan
     assert len(one["turns"]) == 9  # its turns went on after the flood
     two_messages = sum(len(each) == 2 for each in asked)  # one message alone is a probe, no one-shot
     assert stats["one_shots"]["served"] == two_messages + 1 and stats["one_shots"]["held"] <= 64
+
+
+@pytest.mark.parametrize("dialogue", [0, 300], ids=["brand-new", "imported-300"])
+def test_a_chats_first_request_is_answered_as_a_first_turn_and_is_a_chat_from_its_second(
+    stand_in: StandIn, dialogue: int
+) -> None:
+    """A chat's first request (greeting and "Hi", or a 300-message chat imported) is served as a
+    first turn is, the opening and the newest messages; it is held apart as a one-shot, then
+    the request that continues it makes it a chat whose summaries begin."""
+    stand_in.window = 2048
+    serving = Running(Service(settings_for(stand_in.url, summarize=True)))
+    talk = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=30)
+    try:
+        first = played(BOB, dialogue, "Bob")
+        talk.chat.completions.create(model="m", messages=first, max_tokens=100)
+        sent = stand_in.bodies[-1]["messages"]
+        said = [m for m in sent if m["role"] != "system"]
+        assert "You are Mira" in sent[0]["content"] and "The user is Bob." in sent[0]["content"]
+        assert said[0] == GREETING and said[-1] == first[-1]  # the opening and the newest
+        if dialogue:
+            assert len(said) < len(first) - 2  # fitted to the window, as a first turn always was
+        else:
+            assert said == first[2:]
+        stats = json.loads(_get(serving, "/ctx/stats"))
+        assert stats["chats"] == [] and stats["one_shots"]["held"] == 1
+        assert stand_in.summaries == []  # nothing is summarised for a one-shot
+        talk.chat.completions.create(model="m", messages=played(BOB, dialogue + 2, "Bob"), max_tokens=100)
+        stats = json.loads(_get(serving, "/ctx/stats"))
+        [chat] = stats["chats"]
+        assert stats["one_shots"]["held"] == 0 and len(chat["turns"]) >= 1
+        if dialogue:  # its summaries begin, in the background
+            deadline = time.monotonic() + 20
+            while not stand_in.summaries:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+    finally:
+        serving.stop()
+
+
+@pytest.mark.deep  # 1,000 side requests through serve: in .ci/run's second step
+def test_a_second_players_chat_keeps_its_turns_while_the_first_sends_a_thousand_side_requests(
+    stand_in: StandIn,
+) -> None:
+    """Alice's frontend sends 1,000 side requests between her turns (its memory, its titles and
+    tags); Bob plays on meanwhile: his chat is never evicted nor begun again, and both stay
+    the chats they are."""
+    serving = Running(Service(settings_for(stand_in.url)))
+    talk = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=30)
+    try:
+        for who, persona in (("Alice", ALICE), ("Bob", BOB)):
+            talk.chat.completions.create(model="m", messages=played(persona, 0, who))
+        k = 0
+        for n in range(2, 22, 2):  # ten turns each
+            talk.chat.completions.create(model="m", messages=played(ALICE, n, "Alice"))
+            for _ in range(100):
+                talk.chat.completions.create(model="m", messages=side(k))
+                k += 1
+            talk.chat.completions.create(model="m", messages=played(BOB, n, "Bob"))
+            assert "Bob line" in json.dumps(stand_in.bodies[-1]["messages"])
+        stats = json.loads(_get(serving, "/ctx/stats"))
+        turns = {c["chat"]: len(c["turns"]) for c in stats["chats"]}
+        assert k == 1000 and len(turns) == 2 and sorted(turns.values()) == [11, 11]  # neither began again
+        assert stats["one_shots"]["held"] <= 64
+    finally:
+        serving.stop()
+
+
+def test_two_chats_that_open_alike_played_in_turn_keep_their_own_turns(stand_in: StandIn) -> None:
+    """Bob's first request is Alice's first, word for word, but for his persona: it is not her
+    chat regenerated, so neither chat takes a turn of the other's (before: 7 turns and 3)."""
+    serving = Running(Service(settings_for(stand_in.url)))
+    talk = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=30)
+    try:
+        for n in range(0, 10, 2):
+            for who, persona in (("Alice", ALICE), ("Bob", BOB)):
+                talk.chat.completions.create(model="m", messages=played(persona, n, who))
+        chats = json.loads(_get(serving, "/ctx/stats"))["chats"]
+        assert sorted(len(c["turns"]) for c in chats) == [5, 5]
+    finally:
+        serving.stop()
+
+
+def test_only_going_on_or_an_edit_the_chat_follows_continues_a_chat_whose_frame_changed() -> None:
+    from otaku_ctx.serve.sessions import continues, shared
+
+    old = [("assistant", None, "G"), ("user", None, "Hi"), ("assistant", None, "A"), ("user", None, "B")]
+    gone_on = [*old, ("assistant", None, "C")]
+    edited = [old[0], ("user", None, "Hello"), *old[2:]]
+    again, cut, newest = list(old), old[:3], [*old[:2], ("assistant", None, "X"), ("user", None, "Y")]
+    for new in (gone_on, edited):
+        assert continues(new, old, shared(new, old), frame_kept=False)
+    for new in (again, cut, newest):
+        assert continues(new, old, shared(new, old)) and not continues(new, old, shared(new, old), frame_kept=False)

@@ -200,7 +200,7 @@ class Turns:
 class Session:
     """One chat (or one-shot: `sessions`), as serve knows it across its turns. Lock: `Sessions.lock`,
     the registry's, under which the registry alone writes its identity (`chat`, `branch`,
-    `dialogue`, `numbers`); its own `lock` is the turn's, held while a turn of it is assembled (it
+    `dialogue`, `numbers`, `frame`); its own `lock` is the turn's, held while a turn of it is assembled (it
     guards `turn`)."""
 
     chat: Chat
@@ -209,6 +209,7 @@ class Session:
     # each one's number in its story
     dialogue: Sequence[tuple[Any, Any, Any]] = ()
     numbers: Sequence[int] = ()
+    frame: Sequence[Any] = ()  # its frame (leading system parts) as last sent
     lock: threading.Lock = field(default_factory=threading.Lock)
     turn: TurnState = field(default_factory=TurnState)
     sidecar: SidecarState = field(default_factory=SidecarState)
@@ -224,8 +225,8 @@ class Session:
         """The name of its summaries file."""
         return self.sidecar.own_pool or self.chat.pool
 
-    def saw(self, dialogue: Sequence[tuple[Any, Any, Any]], numbers: Sequence[int]) -> None:
-        self.dialogue, self.numbers = dialogue, numbers
+    def saw(self, dialogue: Sequence[tuple[Any, Any, Any]], numbers: Sequence[int], frame: Sequence[Any] = ()) -> None:
+        self.dialogue, self.numbers, self.frame = dialogue, numbers, frame
 
     def named(self, chat: Chat) -> None:
         """The chat is now named (its first request with a name): it keeps its turns and walk."""

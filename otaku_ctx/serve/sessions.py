@@ -5,14 +5,19 @@ No other module of serve keeps a map keyed by chat.
 
 A request continues a chat it is, by its dialogue (its user and assistant messages), that chat
 gone on, or that chat with one message edited, deleted or put in, or cut short by one or two at
-its end (a swipe, a deleted reply) — `continues`. A reply the frontend asked to be continued (a
-trailing assistant prefill, Agnai's "Mira:", SillyTavern's Continue) is continued by the whole
-reply in its place. Anything else — a new chat with the same card and first line as another, a
-branch, a frontend's side request (its memory, a title) — continues no chat: it is a one-shot,
-served with a session of its own that holds nothing of any chat's (no walk, no frame, no stats;
-its summaries only what another chat's file says of the same text, `store.Store`), kept among
-the one-shots, never summarised. It becomes a chat when a later request continues it. So a
-flood of side requests never evicts a chat, and two chats that open alike never share a turn.
+its end (a swipe, a deleted reply) — `continues`. Going on and an edit the rest of the chat
+follows need nothing more; the same dialogue sent again, a cut or the newest two edited also
+need the frame the chat last sent, so a new chat that opens as another did ("Hi" to the same
+card) with a persona of its own is not that chat regenerated. Of the chats a request continues,
+the one it shares the most dialogue with is taken, then one whose frame it sends. A reply the
+frontend asked to be continued (a trailing assistant prefill, Agnai's "Mira:", SillyTavern's
+Continue) is continued by the whole reply in its place. Anything else — a new chat with the
+same card and first line as another, a branch, a frontend's side request (its memory, a title)
+— continues no chat: it is a one-shot, served with a session of its own that holds nothing of
+any chat's (no walk, no frame, no stats; its summaries only what another chat's file says of
+the same text, `store.Store`), kept among the one-shots, never summarised. It becomes a chat
+when a later request continues it. So a flood of side requests never evicts a chat, and two
+chats that open alike never share a turn.
 
 Finding a chat is two steps: `match`, a pure function of the request and the registry (what
 would be taken), and `take`, which applies it. A request is matched only once every check of it
@@ -67,17 +72,22 @@ def shared(new: Dialogue, old: Dialogue) -> int:
     return same
 
 
-def continues(new: Dialogue, old: Dialogue, same: int) -> bool:
+def continues(new: Dialogue, old: Dialogue, same: int, frame_kept: bool = True) -> bool:
     """Whether a request of dialogue `new` is the chat last sent as `old`, the two beginning with
-    `same` messages alike (`shared`): gone on; cut short by at most `MOST_CUT` at its end; or with
-    one message edited, deleted or put in (after it, the two go on alike, as far as both go) —
-    the newest two edited or gone included."""
-    if same == len(old) or (same == len(new) and len(old) - same <= MOST_CUT):
+    `same` messages alike (`shared`): gone on, or with one message edited, deleted or put in
+    (after it, the two go on alike, as far as both go); or, with the frame it last sent
+    (`frame_kept`), sent again, cut short by at most `MOST_CUT` at its end, or its newest two
+    edited or gone — what a new chat that opens as another did could be too."""
+    if same == len(old) < len(new):
         return True
     for a, b in ((same + 1, same + 1), (same, same + 1), (same + 1, same)):
         rest = min(len(new) - a, len(old) - b)
         if rest > 0 and new[a : a + rest] == old[b : b + rest]:
             return True
+    if not frame_kept:
+        return False
+    if same == len(old) or (same == len(new) and len(old) - same <= MOST_CUT):
+        return True
     return same < len(new) and len(old) - same <= MOST_CUT  # its newest message edited (the reply to it gone)
 
 
@@ -94,10 +104,10 @@ class Sessions:
         self._one_shots: OrderedDict[str, Session] = OrderedDict()
         self.one_shots_served = 0  # the requests served as one-shots (each never a chat, or not yet)
 
-    def match(self, chat: Chat, dialogue: Dialogue = ()) -> Match:
-        """The chat (or one-shot) a request of `chat` and this `dialogue` (its user and assistant
-        messages as (role, name, content)) continues, of those it shares the most with; None when
-        it continues none. Changes nothing."""
+    def match(self, chat: Chat, dialogue: Dialogue = (), frame: Sequence[Any] = ()) -> Match:
+        """The chat (or one-shot) a request of `chat`, this `dialogue` (its user and assistant
+        messages as (role, name, content)) and this `frame` continues, of those it shares the most
+        with, then of those whose frame it sends; None when it continues none. Changes nothing."""
         with self.lock:
             family = [s for s in self._sessions.values() if s.chat.key == chat.key]
             held = [s for s in self._one_shots.values() if s.chat.key == chat.key]
@@ -106,25 +116,27 @@ class Sessions:
                 unnamed = [*self._one_shots.values(), *self._sessions.values()]
                 renamed = [s for s in unnamed if s.chat.key == chat.pool and not s.chat.named]
             # the one it shares the most with; a tie goes to a chat over a one-shot, then to the most recent
-            known = [(shared(dialogue, s.dialogue), s) for s in reversed([*held, *renamed, *family])]
-            for same, session in sorted(known, key=lambda found: found[0], reverse=True):
-                if continues(dialogue, session.dialogue, same):
+            known = [(shared(dialogue, s.dialogue), s.frame == frame, s) for s in reversed([*held, *renamed, *family])]
+            for same, kept, session in sorted(known, key=lambda found: found[:2], reverse=True):
+                if continues(dialogue, session.dialogue, same, kept):
                     taken = (session,) if session in renamed else ()
                     one_shot = self._one_shots.get(session.key) is session
                     return Match(chat, session, promoted=one_shot, renamed=taken)
             return Match(chat, None)
 
-    def take(self, chat: Chat, dialogue: Dialogue = (), numbers: Sequence[int] = ()) -> Session:
+    def take(
+        self, chat: Chat, dialogue: Dialogue = (), numbers: Sequence[int] = (), frame: Sequence[Any] = ()
+    ) -> Session:
         """The session `match` finds, renamed or made a chat as it says, now the most recently
         used; else a one-shot's of its own. `numbers`: each dialogue message's number in the story."""
         with self.lock:
-            found = self.match(chat, dialogue)
+            found = self.match(chat, dialogue, frame)
             for session in found.renamed:
                 (self._one_shots if found.promoted else self._sessions).pop(session.key)
                 session.named(chat)
             if found.found is None:
                 session = Session(chat, self._branch(chat, dialogue))
-                session.saw(dialogue, numbers)
+                session.saw(dialogue, numbers, frame)
                 self.one_shots_served += 1
                 self._one_shots[session.key] = session
                 while len(self._one_shots) > self.most_one_shots:
@@ -136,7 +148,7 @@ class Sessions:
                 family = [s for s in self._sessions.values() if s.chat.key == chat.key]
                 if len(family) >= MOST_BRANCHES:
                     del self._sessions[min(family, key=self._age).key]
-            session.saw(dialogue, numbers)
+            session.saw(dialogue, numbers, frame)
             self._sessions[session.key] = session
             self._sessions.move_to_end(session.key)
             while len(self._sessions) > self.most:

@@ -34,7 +34,7 @@ def assemble_turn(
         probe = chat_story(request.body)
         assembled = assemble_chat(probe, setup.rungs, setup.count, window=window, max_tokens=request.max_tokens)
         return None, assembled
-    session = sessions.take(request.chat, request.dialogue, request.numbers)
+    session = sessions.take(request.chat, request.dialogue, request.numbers, request.frame)
     one_shot = sessions.one_shot(session)
     with session.lock:  # its turn on another lane (the one that made it long) is done first
         state = session.turn
