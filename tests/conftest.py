@@ -94,11 +94,10 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str
 
 
 @pytest.fixture(scope="session")
-def _homes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def _homes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where each test's OTAKU_HOME is made, numbered here: `mktemp` numbers a name by listing
     its folder, a cost that grew with every test (a third of a quick test's overhead)."""
-    folder = tmp_path_factory.mktemp("otaku-homes")
-    yield folder
+    return tmp_path_factory.mktemp("otaku-homes")
 
 
 _numbers = itertools.count()

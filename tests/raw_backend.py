@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler
 
 import openai
 import pytest
-from loopback import QuietServer
+from loopback import JSONHandler, QuietServer
 from test_serve import chat, settings_for
 
 from otaku_ctx.serve.http import Service
@@ -34,15 +34,9 @@ class RawBackend(QuietServer):
         self.asked = 0  # the chat completions it was asked for
 
 
-class _Raw(BaseHTTPRequestHandler):
-    # Headers and body are two writes: with Nagle on, the body waits for the client's delayed
-    # ACK, 40 ms a reply.
-    disable_nagle_algorithm = True
+class _Raw(JSONHandler):
     server: RawBackend
     protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: object) -> None:
-        pass
 
     def do_GET(self) -> None:
         if self.path == "/props":

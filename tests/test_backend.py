@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from conftest import CASE3
 from ctx_run import ctx, one_line
-from loopback import QuietServer
+from loopback import JSONHandler, QuietServer
 
 from otaku_ctx.backend import (
     Backend,
@@ -75,8 +75,7 @@ class StandIn(QuietServer):
         return self
 
 
-class _Handler(BaseHTTPRequestHandler):
-    disable_nagle_algorithm = True  # as tests/loopback.py: no delayed-ACK wait between headers and body
+class _Handler(JSONHandler):
     server: StandIn
 
     def _any(self) -> None:
@@ -88,9 +87,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.answered += 1
 
     do_GET = do_POST = _any
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 def reply(

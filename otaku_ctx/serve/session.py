@@ -28,7 +28,7 @@ from ..assemble import Walked
 from ..story.model import Message, Scene, Story
 from ..story.sidecar import Judged, Record
 from ..tokens import common_length
-from .chats import Chat
+from .chats import Chat, FramePart
 from .frame import FrameMemory
 from .stats import Turn
 
@@ -209,7 +209,7 @@ class Session:
     # each one's number in its story
     dialogue: Sequence[tuple[Any, Any, Any]] = ()
     numbers: Sequence[int] = ()
-    frame: Sequence[Any] = ()  # its frame (leading system parts) as last sent
+    frame: Sequence[FramePart] = ()  # its frame (leading system parts) as last sent
     lock: threading.Lock = field(default_factory=threading.Lock)
     turn: TurnState = field(default_factory=TurnState)
     sidecar: SidecarState = field(default_factory=SidecarState)
@@ -225,7 +225,9 @@ class Session:
         """The name of its summaries file."""
         return self.sidecar.own_pool or self.chat.pool
 
-    def saw(self, dialogue: Sequence[tuple[Any, Any, Any]], numbers: Sequence[int], frame: Sequence[Any] = ()) -> None:
+    def saw(
+        self, dialogue: Sequence[tuple[Any, Any, Any]], numbers: Sequence[int], frame: Sequence[FramePart] = ()
+    ) -> None:
         self.dialogue, self.numbers, self.frame = dialogue, numbers, frame
 
     def named(self, chat: Chat) -> None:

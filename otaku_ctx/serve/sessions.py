@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..tokens import common_length
-from .chats import Chat, digest
+from .chats import Chat, FramePart, digest
 from .session import Session
 
 #: the chats kept (each holds its story, some hundred bytes a message); the least recently used
@@ -104,7 +104,7 @@ class Sessions:
         self._one_shots: OrderedDict[str, Session] = OrderedDict()
         self.one_shots_served = 0  # the requests served as one-shots (each never a chat, or not yet)
 
-    def match(self, chat: Chat, dialogue: Dialogue = (), frame: Sequence[Any] = ()) -> Match:
+    def match(self, chat: Chat, dialogue: Dialogue = (), frame: Sequence[FramePart] = ()) -> Match:
         """The chat (or one-shot) a request of `chat`, this `dialogue` (its user and assistant
         messages as (role, name, content)) and this `frame` continues, of those it shares the most
         with, then of those whose frame it sends; None when it continues none. Changes nothing."""
@@ -125,7 +125,7 @@ class Sessions:
             return Match(chat, None)
 
     def take(
-        self, chat: Chat, dialogue: Dialogue = (), numbers: Sequence[int] = (), frame: Sequence[Any] = ()
+        self, chat: Chat, dialogue: Dialogue = (), numbers: Sequence[int] = (), frame: Sequence[FramePart] = ()
     ) -> Session:
         """The session `match` finds, renamed or made a chat as it says, now the most recently
         used; else a one-shot's of its own. `numbers`: each dialogue message's number in the story."""
