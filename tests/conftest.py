@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,13 +68,13 @@ def _id(value: Any) -> str:
     return value.stem if isinstance(value, Path) else str(value)
 
 
-# Compiled bytecode, kept outside the checkout: a machine that sets PYTHONDONTWRITEBYTECODE (this
-# one does) otherwise compiles ctx again in every `ctx` process a test starts, and pytest
-# rewrites every test module again on every run. Only where compiled files go changes.
-if not os.environ.get("PYTHONPYCACHEPREFIX"):
-    os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), f"otaku-ctx-pycache-{os.getuid()}")
+# Compiled bytecode, written: a machine that sets PYTHONDONTWRITEBYTECODE (this one does)
+# otherwise compiles ctx again in every `ctx` process a test starts, and pytest rewrites every
+# test module again on every run. Beside the sources (__pycache__, ignored by git), not in a
+# PYTHONPYCACHEPREFIX: a prefix hides the bytecode pip compiled into the venv at install, so a
+# fresh clone's first run compiled every library again (3 s of its minute).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-sys.pycache_prefix, sys.dont_write_bytecode = os.environ["PYTHONPYCACHEPREFIX"], False
+sys.dont_write_bytecode = False
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
