@@ -81,11 +81,11 @@ def test_an_edit_swipe_or_deletion_keeps_the_chat_a_branch_forks_it() -> None:
     from otaku_ctx.serve.chats import Chat
     from otaku_ctx.serve.sessions import Sessions
 
-    def said(*texts: str) -> list[tuple[Any, Any, Any]]:
-        return [("user" if ord(text) % 2 else "assistant", None, text) for text in texts]
+    def said(*texts: str) -> list[tuple[str, str]]:
+        return [("user" if ord(text) % 2 else "assistant", text) for text in texts]
 
     sessions, chat_ = Sessions(), Chat("o1", False, "o1")
-    first = sessions.take(chat_, said(*"abcdefgh"), range(1, 9))  # a one-shot, a chat from its next request
+    first = sessions.take(chat_, said(*"abcdefgh"))  # a one-shot, a chat from its next request
     kept = {
         "continued": said(*"abcdefghij"),
         "swiped (the last reply not sent)": said(*"abcdefg"),
@@ -96,10 +96,10 @@ def test_an_edit_swipe_or_deletion_keeps_the_chat_a_branch_forks_it() -> None:
         "the newest but one edited, its reply gone": said(*"abcdefX"),
     }
     for how, dialogue in kept.items():
-        assert sessions.take(chat_, dialogue, range(1, len(dialogue) + 1)) is first, how
-        sessions.take(chat_, said(*"abcdefgh"), range(1, 9))
-    branch = sessions.take(chat_, said(*"abcXY"), range(1, 6))  # branched at the fourth, and went on
+        assert sessions.take(chat_, dialogue) is first, how
+        sessions.take(chat_, said(*"abcdefgh"))
+    branch = sessions.take(chat_, said(*"abcXY"))  # branched at the fourth, and went on
     assert branch is not first and branch.key != first.key
-    assert sessions.take(chat_, said(*"abcdefghij"), range(1, 11)) is first
-    assert sessions.take(chat_, said(*"abcXYZ"), range(1, 7)) is branch
+    assert sessions.take(chat_, said(*"abcdefghij")) is first
+    assert sessions.take(chat_, said(*"abcXYZ")) is branch
     assert len(sessions) == 2

@@ -214,11 +214,190 @@ def test_two_chats_that_open_alike_played_in_turn_keep_their_own_turns(stand_in:
 def test_only_going_on_or_an_edit_the_chat_follows_continues_a_chat_whose_frame_changed() -> None:
     from otaku_ctx.serve.sessions import continues, shared
 
-    old = [("assistant", None, "G"), ("user", None, "Hi"), ("assistant", None, "A"), ("user", None, "B")]
-    gone_on = [*old, ("assistant", None, "C")]
-    edited = [old[0], ("user", None, "Hello"), *old[2:]]
-    again, cut, newest = list(old), old[:3], [*old[:2], ("assistant", None, "X"), ("user", None, "Y")]
+    old = [("assistant", "G"), ("user", "Hi"), ("assistant", "A"), ("user", "B")]
+    gone_on = [*old, ("assistant", "C")]
+    edited = [old[0], ("user", "Hello"), *old[2:]]
+    again, cut, newest = list(old), old[:3], [*old[:2], ("assistant", "X"), ("user", "Y")]
     for new in (gone_on, edited):
         assert continues(new, old, shared(new, old), frame_kept=False)
     for new in (again, cut, newest):
         assert continues(new, old, shared(new, old)) and not continues(new, old, shared(new, old), frame_kept=False)
+
+
+# ── what real frontends do to a chat: Agnai's labels and prefill, renames, edits, trimming ──
+
+
+def agnai(n: int, persona: str = "Tom", *, drop: int = 0) -> list[dict[str, Any]]:
+    """A chat as Agnai sends it: Mira's greeting and `n` lines (odd: the player's last), each
+    message its speaker's name first ("Mira: …", "Tom: …"), and last the prefill, a bare "Mira:";
+    `drop`: its first dialogue messages left out, as Agnai does past its Max Context."""
+    lines = [GREETING["content"], *(f"line {i} " + " ".join(f"w{i}x{k}" for k in range(12)) for i in range(n))]
+    dialogue = [
+        {"role": "assistant" if i % 2 == 0 else "user", "content": f"{'Mira' if i % 2 == 0 else persona}: {text}"}
+        for i, text in enumerate(lines)
+    ]
+    return [*card("You are Mira."), *dialogue[drop:], {"role": "assistant", "content": "Mira:"}]
+
+
+def test_a_speakers_name_the_frontend_writes_into_a_message_is_not_its_text() -> None:
+    from otaku_ctx.serve.chats import said
+
+    names = {"Tom: Hi": "Hi", "Mira:": "", "Dr. Jane Smith: ok": "ok", "Séraphine: oui": "oui"}
+    texts = ["Turn 3: a", "one two three four five: a", "http://a", "Note:a", "Hi"]  # the text's own
+    assert {text: said("user", text)[1] for text in [*names, *texts]} == {**names, **{t: t for t in texts}}
+
+
+def test_what_agnai_does_to_a_chat_keeps_it_that_chat() -> None:
+    """A rename of the persona (every past message rewritten), an old message edited and the reply
+    to the newest come at once, a message deleted in the opening (which is another opening), and
+    Agnai trimming the chat's start: each the same chat, by its dialogue."""
+    from otaku_ctx.serve.request import parse
+
+    settings = settings_for("http://127.0.0.1:9").serve
+
+    def take(sessions: Any, messages: list[dict[str, Any]]) -> Any:
+        request = parse({"messages": messages}, {}, settings)
+        return sessions.take(request.chat, request.dialogue, request.frame)
+
+    from otaku_ctx.serve.sessions import Sessions
+
+    sessions = Sessions()
+    chat = [take(sessions, agnai(n)) for n in (41, 43)][-1]
+    renamed = agnai(45, "Tomas")
+    edited, opening_cut = agnai(47, "Tomas"), agnai(49, "Tomas")
+    for messages in (edited, opening_cut):
+        messages[20]["content"] += " An edit."
+    del opening_cut[3]  # the player's first line
+    for how, messages in {"renamed": renamed, "edited": edited, "opening edited": opening_cut}.items():
+        assert take(sessions, messages) is chat, how
+        assert not chat.trimmed
+    trimmed = [m for i, m in enumerate(agnai(51, "Tomas", drop=24))]
+    assert take(sessions, trimmed) is chat and chat.trimmed > 20
+    assert take(sessions, agnai(53, "Tomas", drop=30)) is chat  # Agnai starts later each turn
+    assert len(sessions) == 1 and sessions.held == 0
+
+
+def test_two_agnai_chats_whose_first_lines_differ_are_two_chats() -> None:
+    """Agnai's prefill, the same bare "Mira:" in every chat, is no sign of the same chat: a new
+    chat that says "Hello" where another said "Hi" is not that chat with its newest edited."""
+    from otaku_ctx.serve.chats import Chat, FramePart
+    from otaku_ctx.serve.sessions import Sessions
+
+    sessions, chat = Sessions(), Chat("o1", False, "o1")
+    alice, bob = (FramePart("The user is Alice."),), (FramePart("The user is Bob."),)
+    hi = [("assistant", "You came."), ("user", "Hi"), ("assistant", "")]
+    first = sessions.take(chat, hi, alice)
+    assert sessions.match(chat, [*hi[:1], ("user", "Hello"), ("assistant", "")], bob).found is None
+    assert (
+        sessions.match(chat, [*hi[:2], ("assistant", "A reply."), ("user", "On."), ("assistant", "")], bob).found
+        is first
+    )
+
+
+def test_a_chat_the_frontend_trims_is_that_chat_said_once_and_keeps_its_summaries(
+    serving: Running, stand_in: StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A long chat played, its summaries written; then the frontend sends only its end, starting
+    later each turn (Agnai past its Max Context, SillyTavern's context size locked): the same
+    chat in `/ctx/stats`, each prompt's dialogue the request's own, the frontend's trimming
+    said once in the log, and the chat's summaries file untouched by the trimmed turns."""
+    stand_in.window = 1200
+    talk = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=30)
+    for n in (61, 63):
+        talk.chat.completions.create(model="m", messages=agnai(n), max_tokens=100)
+    folder, deadline = Path(os.environ["OTAKU_HOME"]) / "chats", time.monotonic() + 60
+    while any(c["summaries_left"] for c in json.loads(_get(serving, "/ctx/stats"))["chats"]) or not any(
+        folder.glob("*.ctx-summaries")
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    files = {p.name: p.read_bytes() for p in folder.glob("*.ctx-summaries")}
+    for n, drop in ((65, 40), (67, 44), (69, 50)):
+        messages = agnai(n, drop=drop)
+        talk.chat.completions.create(model="m", messages=messages, max_tokens=100)
+        own = {m["content"] for m in messages}
+        forwarded = [m["content"] for m in stand_in.bodies[-1]["messages"] if m["role"] != "system"]
+        assert [text[:40] for text in forwarded if text not in own] == []
+    time.sleep(0.5)
+    assert {p.name: p.read_bytes() for p in folder.glob("*.ctx-summaries")} == files
+    [chat] = json.loads(_get(serving, "/ctx/stats"))["chats"]
+    assert len(chat["turns"]) == 5
+    said = [r.getMessage() for r in caplog.records if "leaving out its start" in r.getMessage()]
+    assert len(said) == 1 and "Max Context" in said[0], said
+
+
+def test_nine_branches_of_one_opening_played_in_turn_keep_their_own_turns_and_frames(stand_in: StandIn) -> None:
+    """Nine branches of one greeting and "Hi", played in turn for three rounds, each with a note
+    of its own in its frame on its first turn only: nine chats of three turns each, and no
+    prompt holds another branch's note or line (before: 8 kept, and a returning branch started
+    from a sibling's remembered frame)."""
+    serving = Running(Service(settings_for(stand_in.url)))
+    talk = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=30)
+    try:
+        for round_ in range(3):
+            for k in range(9):
+                frame = card(f"The user is player {k}.")
+                if round_ == 0:
+                    frame.append({"role": "system", "content": f"A note for branch {k} alone."})
+                lines = [
+                    f"branch {k} line {i}: " + " ".join(f"b{k}w{i}x{j}" for j in range(8))
+                    for i in range(2 * round_ + 1)
+                ]
+                dialogue = [{"role": "assistant" if i % 2 else "user", "content": line} for i, line in enumerate(lines)]
+                talk.chat.completions.create(
+                    model="m", messages=[*frame, GREETING, {"role": "user", "content": "Hi"}, *dialogue]
+                )
+                sent = json.dumps(stand_in.bodies[-1]["messages"])
+                others = [j for j in range(9) if j != k and (f"branch {j} " in sent or f"player {j}." in sent)]
+                assert others == [], (round_, k, others)
+        chats = json.loads(_get(serving, "/ctx/stats"))["chats"]
+        assert sorted(len(c["turns"]) for c in chats) == [3] * 9
+    finally:
+        serving.stop()
+
+
+@pytest.mark.deep  # two serves, each writing two chats' summaries: in .ci/run's second step
+def test_two_chats_that_open_alike_keep_their_own_summaries_across_a_restart(stand_in: StandIn) -> None:
+    """Alice's and Bob's chats (the same card and "Hi") write their summaries; serve restarts and
+    they play on, Bob first: each finds its own file, no scene of either is lost or rewritten by
+    the other, and neither's prompt holds the other's text."""
+    from otaku_ctx.story.sidecar import read_sidecar
+
+    stand_in.window = 1200
+    folder = Path(os.environ["OTAKU_HOME"]) / "chats"
+    players = {"Alice": ALICE, "Bob": BOB}
+
+    def play(order: list[str], lengths: tuple[int, ...]) -> None:
+        serving = Running(Service(settings_for(stand_in.url, summarize=True)))
+        talk = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=30)
+        try:
+            for n in lengths:
+                for who in order:
+                    talk.chat.completions.create(model="m", messages=played(players[who], n, who), max_tokens=100)
+                    sent = json.dumps(stand_in.bodies[-1]["messages"])
+                    other = "Bob" if who == "Alice" else "Alice"
+                    assert f"{other} line" not in sent and players[other] not in sent, (who, n)
+            deadline = time.monotonic() + 60
+            while any(c["summaries_left"] for c in json.loads(_get(serving, "/ctx/stats"))["chats"]):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        finally:
+            serving.stop()
+
+    def scenes() -> dict[str, list[Any]]:
+        """Each player's file's records: the file whose text is theirs."""
+        found = {}
+        for path in folder.glob("*.ctx-summaries"):
+            text = path.read_text(encoding="utf-8")
+            [who] = [w for w in players if f"{w}" in text and f"{'Bob' if w == 'Alice' else 'Alice'}" not in text]
+            found[who] = read_sidecar(path)
+        return found
+
+    play(["Alice", "Bob"], (60, 62))
+    before = scenes()
+    assert sorted(before) == ["Alice", "Bob"] and all(len(r) >= 2 for r in before.values())
+    play(["Bob", "Alice"], (64, 66))
+    after = scenes()
+    assert sorted(after) == ["Alice", "Bob"]
+    for who, records in before.items():
+        assert after[who][: len(records)] == records, who  # every scene kept, as written

@@ -185,7 +185,7 @@ def registry(service: Service) -> list[tuple[Any, ...]]:
     """What the registry holds, in its order: each session, its identity and what its turns kept;
     and the one-shots served and held."""
     return [
-        (s, s.key, s.pool, list(s.dialogue), list(s.numbers), s.turn.sent, s.turn.rung, s.turn.cut,
+        (s, s.key, s.pool, list(s.dialogue), s.trimmed, s.turn.sent, s.turn.rung, s.turn.cut,
          copy.deepcopy(s.turn.frame), len(s.stats.all()), s.sidecar.own_pool)
         for s in service.sessions
     ] + [(service.sessions.one_shots_served, service.sessions.held)]  # fmt: skip
@@ -248,15 +248,15 @@ def test_matching_a_request_changes_nothing() -> None:
 
     sessions = Sessions()
     for _ in range(2):  # a one-shot, then a chat
-        first = sessions.take(Chat("o1", False, "o1"), [("user", None, "a"), ("assistant", None, "b")], [1, 2])
+        first = sessions.take(Chat("o1", False, "o1"), [("user", "a"), ("assistant", "b")])
     before = list(sessions)
-    fork = sessions.match(Chat("o1", False, "o1"), [("user", None, "x"), ("assistant", None, "y")])
-    renamed = sessions.match(Chat("n1", True, "o1"), [("user", None, "a")])
+    fork = sessions.match(Chat("o1", False, "o1"), [("user", "x"), ("assistant", "y")])
+    renamed = sessions.match(Chat("n1", True, "o1"), [("user", "a")])
     new = sessions.match(Chat("o2", False, "o2"))
     assert list(sessions) == before and first.chat.key == "o1" and len(sessions) == 1
     assert fork.found is first and not fork.promoted  # its two messages edited: the same chat
     assert renamed.renamed == (first,) and new.found is None
-    assert sessions.take(Chat("n1", True, "o1"), [("user", None, "a")], [1]) is first and first.chat.named
+    assert sessions.take(Chat("n1", True, "o1"), [("user", "a")]) is first and first.chat.named
 
 
 # -- each failure carries its status -----------------------------------------------------------

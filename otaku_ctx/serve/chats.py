@@ -5,7 +5,8 @@ story's system message, `frame_of`); the rest are the story's messages, in order
 A chat is recognised by its opening messages alone (`[serve] chat_messages`, 2: a character's
 greeting and the user's first reply), hashed: never by its frame, which SillyTavern changes
 from turn to turn (the World Info entries that fired, a group member's own card, an edited
-Author's Note). An `X-Ctx-Chat` header, else the request's `user` field, names one explicitly
+Author's Note); and never by the speakers' names, which a renamed persona rewrites in every
+past message (`said`). An `X-Ctx-Chat` header, else the request's `user` field, names one explicitly
 instead; its summaries are still the opening's (`Chat.pool`), so naming a chat loses none.
 Either way the key is a hash, so a chat's text never becomes a file name. A request of one
 message (SillyTavern's Test Message, "Hi") is a probe: it is answered, and is no chat.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -178,18 +180,37 @@ def chat_story(
     return Story(path=Path("chat"), messages=tuple(messages), system=system, source_format="openai")
 
 
-def dialogue_of(body: Mapping[str, Any]) -> tuple[list[tuple[Any, Any, Any]], list[int]]:
-    """The request's dialogue as a branch is told by: each user and assistant message after the
-    frame as (role, name, content), and its number in the story (`chat_story` numbers every
-    message after the frame). System messages are left out: SillyTavern moves its Author's Note
-    and World Info entries "@depth" from turn to turn, which is no new branch."""
+#: a speaker's name that a frontend writes at the start of a message ("Mira: …", as Agnai does,
+#: and SillyTavern when its names go in the content): up to four words, a letter first, no digit
+#: ("Turn 3: …" is the text's own), ending in a colon within the message's first 42 characters
+LABEL = re.compile(r"[^\W\d_][^\s:\d]*(?: [^\s:\d]+){0,3}:(?: |$)")
+#: the roles of a chat's dialogue (`dialogue_of`)
+SPEAKING = ("user", "assistant")
+
+#: one message of a dialogue as a chat is recognised by: its role and its text, names left out
+Said = tuple[str, str]
+
+
+def said(role: str, content: Any) -> Said:
+    """A message as a chat is recognised by: its role and its text without a speaker's name
+    written at its start (`LABEL`), so that a persona renamed in every past message ("You: Hi" →
+    "Tomas: Hi") and Agnai's prefill, the bare "Mira:", read the same whoever speaks."""
+    text = content if isinstance(content, str) else text_of(content, "a message")
+    if 0 <= text.find(":", 0, 42) and (label := LABEL.match(text)):
+        text = text[label.end() :]
+    return role, text
+
+
+def dialogue_of(body: Mapping[str, Any]) -> list[Said]:
+    """The request's dialogue as a chat is recognised by: each user and assistant message after
+    the frame, `said`. System messages are left out: SillyTavern moves its Author's Note and
+    World Info entries "@depth" from turn to turn, which is no new branch."""
     given = body.get("messages") or ()
-    dialogue, numbers = [], []
-    for number, raw in enumerate(given[len(frame_of(body)) :], 1):
-        if isinstance(raw, dict) and raw.get("role") in ("user", "assistant"):
-            dialogue.append((raw.get("role"), raw.get("name"), raw.get("content")))
-            numbers.append(number)
-    return dialogue, numbers
+    return [
+        said(raw["role"], raw.get("content"))
+        for raw in given[len(frame_of(body)) :]
+        if isinstance(raw, dict) and raw.get("role") in SPEAKING
+    ]
 
 
 #: the uid of the lore entry that carries a frame's moving parts
@@ -220,11 +241,11 @@ def digest(value: Any) -> str:
 
 def identify(story: Story, body: Mapping[str, Any], headers: Mapping[str, str], opening: int) -> Chat:
     """Which chat this is: named by the `X-Ctx-Chat` header, else by `user`; else its first
-    `opening` messages (fewer while the chat is shorter), whatever its frame. A chat of one
-    message is a probe (`Chat.probe`), named or not."""
+    `opening` messages (fewer while the chat is shorter), `said`, whatever its frame. A chat of
+    one message is a probe (`Chat.probe`), named or not."""
     if len(story.messages) < 2:
         return Chat("", False)
-    first = [[m.role, m.name or "", m.content] for m in story.messages[:opening]]
+    first = [[m.role, "", said(m.role, m.content)[1]] for m in story.messages[:opening]]
     pool = "o" + digest(first)
     named = headers.get(HEADER, "").strip() or (body.get("user") if isinstance(body.get("user"), str) else "")
     if named:

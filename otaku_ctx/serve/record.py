@@ -5,9 +5,11 @@ shape a small window made a chat take (once), the refusal of a chat that cannot 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .assemble import Assembled
+from .chats import Said
 from .errors import DoesNotFit
 from .session import Session
 from .sessions import Sessions
@@ -36,6 +38,19 @@ def say_shape(session: Session, assembled: Assembled, setup: Setup) -> None:
         )
     if session.turn.say(said):
         log.info("chat %s: %s", session.key[:12], said)
+
+
+def say_trimmed(session: Session, dialogue: Sequence[Said]) -> None:
+    """Once a chat, when the frontend itself left out the chat's start (a request that begins
+    inside the chat as last seen), and which of its settings sends the whole chat."""
+    if session.trims == 1 and session.trimmed:
+        log.warning(
+            "chat %s: the frontend sent only the newest %d of the chat's %d messages, leaving out its start"
+            " (it trims to its own context setting): ctx keeps the opening and summaries only of what it is"
+            " sent; raise the frontend's context above the backend's window (SillyTavern: unlock Context Size;"
+            " Agnai: Max Context)",
+            session.key[:12], len(dialogue), len(session.dialogue),
+        )  # fmt: skip
 
 
 def refusal(session: Session | None, assembled: Assembled) -> DoesNotFit:

@@ -13,7 +13,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import ServeSettings
-from .chats import Chat, ChatError, FramePart, chat_story, check_messages, dialogue_of, frame_of, identify
+from .chats import (
+    Chat,
+    ChatError,
+    FramePart,
+    Said,
+    chat_story,
+    check_messages,
+    dialogue_of,
+    frame_of,
+    identify,
+)
 from .errors import TooLarge
 
 #: the messages one request may hold: twice the longest story ctx is built for (100,000), so that
@@ -26,15 +36,13 @@ MOST_NESTING = 100
 @dataclass(frozen=True)
 class Request:
     """A chat request, parsed and checked: which chat, its frame, its dialogue (user and assistant
-    messages as (role, name, content), and their numbers in the story), the reply's reserve, and
-    the body as it came."""
+    messages, `chats.said`), the reply's reserve, and the body as it came."""
 
     body: dict[str, Any]
     chat: Chat
     frame: tuple[FramePart, ...]
     max_tokens: int | None
-    dialogue: Sequence[tuple[Any, Any, Any]] = ()
-    numbers: Sequence[int] = ()
+    dialogue: Sequence[Said] = ()
 
     @property
     def messages(self) -> int:
@@ -54,8 +62,7 @@ def parse(body: dict[str, Any], headers: Mapping[str, str], serve: ServeSettings
     reserve = max_tokens(body)
     opening = max(2, serve.chat_messages)  # two at least: one is a probe
     chat = identify(chat_story(body, most=opening), body, headers, serve.chat_messages)
-    dialogue, numbers = dialogue_of(body)
-    return Request(body, chat, frame_of(body), reserve, dialogue, numbers)
+    return Request(body, chat, frame_of(body), reserve, dialogue_of(body))
 
 
 def max_tokens(body: Mapping[str, Any]) -> int | None:

@@ -28,7 +28,7 @@ from ..assemble import Walked
 from ..story.model import Message, Scene, Story
 from ..story.sidecar import Judged, Record
 from ..tokens import common_length
-from .chats import Chat, FramePart
+from .chats import Chat, FramePart, Said
 from .frame import FrameMemory
 from .stats import Turn
 
@@ -200,16 +200,15 @@ class Turns:
 class Session:
     """One chat (or one-shot: `sessions`), as serve knows it across its turns. Lock: `Sessions.lock`,
     the registry's, under which the registry alone writes its identity (`chat`, `branch`,
-    `dialogue`, `numbers`, `frame`); its own `lock` is the turn's, held while a turn of it is assembled (it
+    `dialogue`, `frame`, `trimmed`); its own `lock` is the turn's, held while a turn of it is assembled (it
     guards `turn`)."""
 
     chat: Chat
     branch: str = ""  # which of the chats of its key it is: "" the first
-    # its dialogue as last sent ((role, name, content) of each user and assistant message) and
-    # each one's number in its story
-    dialogue: Sequence[tuple[Any, Any, Any]] = ()
-    numbers: Sequence[int] = ()
+    dialogue: Sequence[Said] = ()  # its dialogue as last sent (each user and assistant message, `said`)
     frame: Sequence[FramePart] = ()  # its frame (leading system parts) as last sent
+    trimmed: int = 0  # how many of its first messages the frontend left out of its last request
+    trims: int = 0  # how many of its requests came so
     lock: threading.Lock = field(default_factory=threading.Lock)
     turn: TurnState = field(default_factory=TurnState)
     sidecar: SidecarState = field(default_factory=SidecarState)
@@ -225,10 +224,9 @@ class Session:
         """The name of its summaries file."""
         return self.sidecar.own_pool or self.chat.pool
 
-    def saw(
-        self, dialogue: Sequence[tuple[Any, Any, Any]], numbers: Sequence[int], frame: Sequence[FramePart] = ()
-    ) -> None:
-        self.dialogue, self.numbers, self.frame = dialogue, numbers, frame
+    def saw(self, dialogue: Sequence[Said], frame: Sequence[FramePart] = (), trimmed: int = 0) -> None:
+        self.dialogue, self.frame, self.trimmed = dialogue, frame, trimmed
+        self.trims += trimmed > 0
 
     def named(self, chat: Chat) -> None:
         """The chat is now named (its first request with a name): it keeps its turns and walk."""

@@ -3,7 +3,9 @@ read against the last one, its scenes (the summaries, else provisional ones), it
 and the turn assembled (`assemble.assemble_chat`); then its summaries wished for.
 
 A one-shot (a request that continues no chat: `sessions`) is assembled as a chat's first turn
-is, and is never summarised."""
+is, and is never summarised. So is a chat's request whose start the frontend left out (it trims
+a chat longer than its own context setting): ctx cannot keep what it is not sent, and says so,
+once a chat; the turn counts as the chat's."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from ..config import ServeSettings
 from ..story.model import Story
 from .assemble import Assembled, assemble_chat
 from .chats import FramePart, chat_story, framed
-from .record import say_shape
+from .record import say_shape, say_trimmed
 from .request import Request
 from .session import Session, TurnState
 from .sessions import Sessions
@@ -34,8 +36,12 @@ def assemble_turn(
         probe = chat_story(request.body)
         assembled = assemble_chat(probe, setup.rungs, setup.count, window=window, max_tokens=request.max_tokens)
         return None, assembled
-    session = sessions.take(request.chat, request.dialogue, request.numbers, request.frame)
-    one_shot = sessions.one_shot(session)
+    chat = sessions.take(request.chat, request.dialogue, request.frame)
+    one_shot = sessions.one_shot(chat)
+    session = chat
+    if chat.trimmed:  # only the chat's end: served as a first turn, its own state and summaries untouched
+        say_trimmed(chat, request.dialogue)
+        session, one_shot = Session(request.chat), True
     with session.lock:  # its turn on another lane (the one that made it long) is done first
         state = session.turn
         story = chat_story(request.body, state.story, sent_before=state.sent)
@@ -53,7 +59,7 @@ def assemble_turn(
         say_shape(session, assembled, setup)
     if summarizer is not None and not one_shot:
         summarizer.want(session, story)
-    return session, assembled
+    return chat, assembled
 
 
 def placed_frame(
