@@ -12,6 +12,7 @@ from typing import Any
 
 import openai
 import pytest
+from conftest import deep
 from test_serve import StandIn, _get, settings_for
 
 from otaku_ctx.serve.http import Service
@@ -49,18 +50,28 @@ def serving(stand_in: StandIn) -> Any:
 stand_in = __import__("test_serve").stand_in
 
 
-def test_two_chats_that_open_alike_share_no_text(stand_in: StandIn) -> None:
+@pytest.mark.parametrize(
+    "first, named",
+    [
+        pytest.param(first, named, marks=() if (first, named) == ("Alice", "none") else deep)
+        for first in ("Alice", "Bob")
+        for named in ("none", "Bob", "both")
+    ],
+)
+def test_two_chats_that_open_alike_share_no_text(stand_in: StandIn, first: str, named: str) -> None:
     """Alice plays with her address and PIN in her persona; Bob starts his chat with the same
-    card and the same "Hi", and both play on in turn: not one of Bob's prompts holds Alice's
-    persona or a line of hers, nor the other way round, and each is its own chat."""
+    card and the same "Hi", and both play on in turn, either first, named by `X-Ctx-Chat` or not:
+    not one of Bob's prompts holds Alice's persona or a line of hers, nor the other way round,
+    and each is its own chat."""
     serving = Running(Service(settings_for(stand_in.url)))
     talk = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=30)
-    plays = [("Alice", ALICE), ("Bob", BOB)]
+    plays = sorted([("Alice", ALICE), ("Bob", BOB)], key=lambda play: play[0] != first)
     sent: dict[str, list[str]] = {"Alice": [], "Bob": []}
     for n in range(0, 24, 2):
         for who, persona in plays:
             length = n if who == "Bob" else n + 16  # Alice's chat is the longer
-            talk.chat.completions.create(model="m", messages=played(persona, length, who))
+            header = {"X-Ctx-Chat": who} if named in (who, "both") else {}
+            talk.chat.completions.create(model="m", messages=played(persona, length, who), extra_headers=header)
             sent[who].append(json.dumps(stand_in.bodies[-1]["messages"]))
     assert not [p for p in sent["Bob"] if "4471" in p or "Elm Street" in p or "Alice line" in p]
     assert not [p for p in sent["Alice"] if "Bob line" in p or "The user is Bob" in p]
