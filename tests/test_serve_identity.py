@@ -233,6 +233,9 @@ def test_only_going_on_or_an_edit_the_chat_follows_continues_a_chat_whose_frame_
         assert continues(new, old, shared(new, old), frame_kept=False)
     for new in (again, cut, newest):
         assert continues(new, old, shared(new, old)) and not continues(new, old, shared(new, old), frame_kept=False)
+    opening = old[:2]  # a chat of its greeting and first line alone goes on only with its frame's every part
+    assert continues(gone_on, opening, 2, frame_kept=False) and not continues(gone_on, opening, 2, False, False)
+    assert continues(gone_on, old, 4, False, False)
 
 
 # ── what real frontends do to a chat: Agnai's labels and prefill, renames, edits, trimming ──

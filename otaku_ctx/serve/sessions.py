@@ -47,6 +47,8 @@ MOST_SESSIONS = 256
 MOST_BRANCHES = 16
 #: the one-shots kept, apart from the chats: a request continuing one of these makes it a chat
 MOST_ONE_SHOTS = 64
+#: a chat's opening, by its dialogue: the greeting and the player's first line
+OPENING = 2
 #: how much shorter than a chat a request may be and still be that chat: a swipe (the newest
 #: reply not sent) or a deleted exchange
 MOST_CUT = 2
@@ -98,14 +100,16 @@ def _goes_on_alike(new: Dialogue, a: int, old: Dialogue, b: int) -> bool:
     return not last or _continued(new[a + n - 1], old[-1])
 
 
-def continues(new: Dialogue, old: Dialogue, same: int, frame_kept: bool = True) -> bool:
+def continues(new: Dialogue, old: Dialogue, same: int, frame_kept: bool = True, frame_grew: bool = True) -> bool:
     """Whether a request of dialogue `new` is the chat last sent as `old`, the two beginning with
-    `same` messages alike (`shared`): gone on, or with one message edited, deleted or put in
-    (after it, the two go on alike); or, with the frame it last sent (`frame_kept`), sent again,
-    cut short by at most `MOST_CUT` at its end, or its newest two edited or gone — what a new
-    chat that opens as another did could be too."""
+    `same` messages alike (`shared`): gone on — from no more than its opening, only with every
+    part of the frame it last sent (`frame_grew`: World Info may have fired, but another
+    player's first line and persona are no chat of theirs gone on) — or with one message edited,
+    deleted or put in (after it, the two go on alike); or, with the frame it last sent
+    (`frame_kept`), sent again, cut short by at most `MOST_CUT` at its end, or its newest two
+    edited or gone — what a new chat that opens as another did could be too."""
     if same == len(old) < len(new):
-        return True
+        return len(old) > OPENING or frame_grew
     for a, b in ((same + 1, same + 1), (same, same + 1), (same + 1, same)):
         if _goes_on_alike(new, a, old, b):
             return True
@@ -165,9 +169,10 @@ class Sessions:
                 unnamed = [*self._one_shots.values(), *self._sessions.values()]
                 renamed = [s for s in unnamed if s.chat.key == chat.pool and not s.chat.named]
             # the one it shares the most with; a tie goes to a chat over a one-shot, then to the most recent
+            parts = set(frame)
             known = [(shared(dialogue, s.dialogue), s.frame == frame, s) for s in reversed([*held, *renamed, *family])]
             for same, kept, session in sorted(known, key=lambda found: found[:2], reverse=True):
-                if continues(dialogue, session.dialogue, same, kept):
+                if continues(dialogue, session.dialogue, same, kept, parts.issuperset(session.frame)):
                     taken = (session,) if session in renamed else ()
                     one_shot = self._one_shots.get(session.key) is session
                     return Match(chat, session, promoted=one_shot, renamed=taken)
