@@ -123,7 +123,7 @@ def test_emit_openai_completion_is_a_request_body(capsys):
 
 
 def test_flags_win_over_the_config_file(capsys, otaku_home):
-    (otaku_home / "configs").mkdir()
+    (otaku_home / "configs").mkdir(parents=True)
     (otaku_home / "configs" / "config.toml").write_text("[context]\nhead_messages = 5\n", encoding="utf-8")
     assert inspect_json(capsys, CASE3)["head"] == {"first": 1, "last": 5}
     assert inspect_json(capsys, CASE3, "--head", "7")["head"] == {"first": 1, "last": 7}

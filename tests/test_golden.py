@@ -21,23 +21,22 @@ TEMPLATES = sorted(p.stem for p in (REPO / "configs" / "templates").glob("*.hbs"
 FORMATS = sorted(p.stem for p in (REPO / "configs" / "formats").glob("*.toml"))
 
 
-@pytest.mark.parametrize(("template", "example"), sweep(TEMPLATES, EXAMPLES))
-def test_golden_prompts(example: Path, template: str, request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize(("template", "example", "format"), sweep(TEMPLATES, EXAMPLES, FORMATS))
+def test_golden_prompts(example: Path, template: str, format: str, request: pytest.FixtureRequest) -> None:
     story = open_story(example)
     update = request.config.getoption("--update-golden")
     folder = GOLDEN / example.stem
     mismatched = []
-    for format in FORMATS:
-        settings = load_settings(overrides={"prompt.template": (template, "test"), "prompt.format": (format, "test")})
-        for emit in EMITS:
-            built = build(story, settings, emit=emit)
-            assert built.prompt is not None, f"{example.stem} {template} {format} {emit}: refused"
-            path = folder / f"{template}.{format}.{emit}"
-            if update:
-                folder.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(built.prompt.encode("utf-8"))
-            elif path.read_bytes() != built.prompt.encode("utf-8"):
-                mismatched.append(path.name)
+    settings = load_settings(overrides={"prompt.template": (template, "test"), "prompt.format": (format, "test")})
+    for emit in EMITS:
+        built = build(story, settings, emit=emit)
+        assert built.prompt is not None, f"{example.stem} {template} {format} {emit}: refused"
+        path = folder / f"{template}.{format}.{emit}"
+        if update:
+            folder.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(built.prompt.encode("utf-8"))
+        elif path.read_bytes() != built.prompt.encode("utf-8"):
+            mismatched.append(path.name)
     assert not mismatched, f"prompts differ from tests/golden/{example.stem}: {', '.join(mismatched)}"
 
 

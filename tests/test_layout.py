@@ -9,6 +9,7 @@ may import, the same table docs/architecture.md draws. Imports inside functions 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -71,17 +72,24 @@ def stage(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
-def imports(module: str) -> set[str]:
-    """Every module `module` imports, by its absolute name, wherever the import statement is."""
+@functools.cache
+def import_statements(module: str) -> tuple[ast.Import | ast.ImportFrom, ...]:
+    """Every import statement of `module`, wherever it is (read and parsed once a run)."""
     path = REPO / Path(*module.split("."))
-    is_package = path.is_dir()
-    source = (path / "__init__.py" if is_package else path.with_suffix(".py")).read_text(encoding="utf-8")
+    source = (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text(encoding="utf-8")
+    return tuple(node for node in ast.walk(ast.parse(source)) if isinstance(node, (ast.Import, ast.ImportFrom)))
+
+
+@functools.cache
+def imports(module: str) -> frozenset[str]:
+    """Every module `module` imports, by its absolute name, wherever the import statement is."""
+    is_package = (REPO / Path(*module.split("."))).is_dir()
     package = module if is_package else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in import_statements(module):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
+        else:
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 target = ".".join(base + ([node.module] if node.module else []))
@@ -89,7 +97,7 @@ def imports(module: str) -> set[str]:
                 target = node.module or ""
             found.add(target)
             found.update(f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in MODULES)
-    return found
+    return frozenset(found)
 
 
 MODULES = modules()
@@ -138,11 +146,9 @@ def test_every_module_imports_on_its_own() -> None:
 @pytest.mark.parametrize("module", MODULES)
 def test_no_module_imports_another_modules_private_names(module: str) -> None:
     """A name that starts with `_` is its module's own: what two modules share is public."""
-    path = REPO / Path(*module.split("."))
-    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
     private = [
         f"{node.module}.{alias.name}"
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        for node in import_statements(module)
         if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("otaku_ctx"))
         for alias in node.names
         if alias.name.startswith("_") and not alias.name.startswith("__")

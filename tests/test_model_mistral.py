@@ -225,6 +225,7 @@ def test_a_tekken_file_is_converted_once_and_read_from_the_cache(otaku_home: Pat
 
 
 def test_a_cache_that_cannot_be_written_only_costs_time(otaku_home: Path) -> None:
+    otaku_home.mkdir()
     (otaku_home / "cache").write_text("not a folder", encoding="utf-8")
     assert mistral_counter(TEKKEN)("the river") == mistral_counter(TEKKEN)("the river") > 0
 
