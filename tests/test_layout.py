@@ -108,21 +108,20 @@ def test_the_layout_finds_every_stage() -> None:
     assert {stage(m) for m in MODULES} == set(STAGES)
 
 
-@pytest.mark.parametrize("module", MODULES)
-def test_no_stage_imports_one_above_it(module: str) -> None:
-    own = stage(module)
-    above = sorted(
-        target
-        for target in imports(module)
-        if target.startswith("otaku_ctx") and (s := stage(target)) != own and s not in STAGES[own]
-    )
-    assert not above, f"{module} ({own or 'the package'}) imports {above}; docs/architecture.md says what it may"
+def test_no_stage_imports_one_above_it() -> None:
+    """Each module imports only what its stage may (every offender listed, one a line)."""
+    above = [
+        f"{module} ({stage(module) or 'the package'}) imports {target}"
+        for module in MODULES
+        for target in sorted(imports(module))
+        if target.startswith("otaku_ctx") and (s := stage(target)) != stage(module) and s not in STAGES[stage(module)]
+    ]
+    assert not above, "\n".join([*above, "docs/architecture.md says what each stage may import"])
 
 
-@pytest.mark.parametrize("module", [m for m in MODULES if stage(m) != "cli"])
-def test_the_core_knows_no_terminal(module: str) -> None:
-    ui = sorted(t for t in imports(module) if t.split(".")[0] in UI)
-    assert not ui, f"{module} imports {ui}: only otaku_ctx.cli may"
+def test_the_core_knows_no_terminal() -> None:
+    ui = [f"{m} imports {t}" for m in MODULES if stage(m) != "cli" for t in sorted(imports(m)) if t.split(".")[0] in UI]
+    assert not ui, "\n".join([*ui, "only otaku_ctx.cli may"])
 
 
 @pytest.mark.deep
@@ -143,17 +142,17 @@ def test_every_module_imports_on_its_own() -> None:
     assert len(running) > 40
 
 
-@pytest.mark.parametrize("module", MODULES)
-def test_no_module_imports_another_modules_private_names(module: str) -> None:
+def test_no_module_imports_another_modules_private_names() -> None:
     """A name that starts with `_` is its module's own: what two modules share is public."""
     private = [
-        f"{node.module}.{alias.name}"
+        f"{module} imports {node.module}.{alias.name}"
+        for module in MODULES
         for node in import_statements(module)
         if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("otaku_ctx"))
         for alias in node.names
         if alias.name.startswith("_") and not alias.name.startswith("__")
     ]
-    assert not private, f"{module} imports {private}"
+    assert not private, "\n".join(private)
 
 
 NETWORK = {"socket", "http", "urllib", "ssl", "asyncio", "requests", "httpx", "aiohttp"}
@@ -164,12 +163,17 @@ NETWORK = {"socket", "http", "urllib", "ssl", "asyncio", "requests", "httpx", "a
 SERVING = {f"otaku_ctx.serve.{name}" for name in ("http", "upstream", "body", "relay", "listen", "setup")}
 
 
-@pytest.mark.parametrize("module", [m for m in MODULES if stage(m) != "backend" and m not in SERVING])
-def test_only_the_backend_opens_a_connection(module: str) -> None:
+def test_only_the_backend_opens_a_connection() -> None:
     """ctx talks to a network only through backend/ (and `ctx serve`'s server and forwarding,
     `SERVING`), and only to the server the user names."""
-    found = sorted(t for t in imports(module) if t.split(".")[0] in NETWORK)
-    assert not found, f"{module} imports {found}: a request to the model server goes through otaku_ctx.backend"
+    found = [
+        f"{m} imports {t}"
+        for m in MODULES
+        if stage(m) != "backend" and m not in SERVING
+        for t in sorted(imports(m))
+        if t.split(".")[0] in NETWORK
+    ]
+    assert not found, "\n".join([*found, "a request to the model server goes through otaku_ctx.backend"])
 
 
 def stage_table() -> str:
