@@ -415,3 +415,24 @@ def test_two_chats_that_open_alike_keep_their_own_summaries_across_a_restart(sta
     assert sorted(after) == ["Alice", "Bob"]
     for who, records in before.items():
         assert after[who][: len(records)] == records, who  # every scene kept, as written
+
+
+def test_a_chat_named_in_the_url_is_the_chat_that_name_gives(stand_in: StandIn) -> None:
+    """`/chat/NAME/v1` (Agnai's URL) and `/chat/NAME` (its Local Requests) name the chat as
+    `X-Ctx-Chat: NAME` does: Alice's and Bob's chats, named apart by URL alone, are two chats,
+    and a turn sent by header with the same name goes on Alice's."""
+    serving = Running(Service(settings_for(stand_in.url)))
+    root = serving.url.removesuffix("/v1")
+    try:
+        for n in (0, 2):
+            for who, persona in (("Alice", ALICE), ("Bob", BOB)):
+                base = f"{root}/chat/{who.lower()}" + ("/v1" if n else "")
+                talk = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=30)
+                talk.chat.completions.create(model="m", messages=played(persona, n, who))
+        talk = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=30)
+        header = {"X-Ctx-Chat": "alice"}
+        talk.chat.completions.create(model="m", messages=played(ALICE, 4, "Alice"), extra_headers=header)
+        chats = json.loads(_get(serving, "/ctx/stats"))["chats"]
+    finally:
+        serving.stop()
+    assert sorted((len(c["turns"]), c["named"]) for c in chats) == [(2, True), (3, True)]
