@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -436,3 +437,24 @@ def test_a_chat_named_in_the_url_is_the_chat_that_name_gives(stand_in: StandIn) 
     finally:
         serving.stop()
     assert sorted((len(c["turns"]), c["named"]) for c in chats) == [(2, True), (3, True)]
+
+
+def test_what_serve_writes_itself_names_each_speaker_as_the_chat_does_once(stand_in: StandIn) -> None:
+    """A chat whose names are in its messages (Agnai's "Mira: …", "Tom: …"), too long for its
+    window: the story so far serve writes from its own lines names Mira and Tom as the chat
+    does, never "Character:" or "User:", and never twice ("Mira: Mira:")."""
+    from test_serve_sillytavern import ours
+
+    stand_in.window = 1200
+    serving = Running(Service(settings_for(stand_in.url)))
+    talk = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=30)
+    try:
+        requests = [{"body": {"messages": agnai(n)}} for n in (61, 63)]
+        for each in requests:
+            talk.chat.completions.create(model="m", messages=each["body"]["messages"], max_tokens=100)
+    finally:
+        serving.stop()
+    written = "".join(ours(requests, stand_in.bodies[-2:]))
+    speakers = re.findall(r"(?m)^(\w+): ", written)
+    assert speakers and set(speakers) <= {"Mira", "Tom"}, written[:300]
+    assert not [w for w in ("Character:", "User:", "Mira: Mira:", "Tom: Tom:") if w in written]

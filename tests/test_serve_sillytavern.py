@@ -43,6 +43,20 @@ def live(stand_in: StandIn) -> list[dict[str, Any]]:
     return [b for b in stand_in.bodies if "logit_bias" in b]
 
 
+def ours(requests: list[dict[str, Any]], forwarded: list[dict[str, Any]]) -> list[str]:
+    """What serve wrote itself into each forwarded prompt: its text less every message any request
+    so far sent (a frame part is sent as first sent for a while)."""
+    seen: set[str] = set()
+    written = []
+    for each, sent in zip(requests, forwarded, strict=True):
+        seen |= {m["content"] for m in each["body"]["messages"]}
+        text = "\n".join(m["content"] for m in sent["messages"])
+        for content in sorted(seen, key=len, reverse=True):
+            text = text.replace(content, "") if content else text
+        written.append(text)
+    return written
+
+
 def played(stand_in: StandIn, name: str, window: int) -> tuple[Running, list[dict[str, Any]]]:
     """Each captured request of `name` sent through serve as SillyTavern sent it: its body's JSON
     and its headers, on the wire as they came (no client library re-shapes them); the replies'
@@ -83,6 +97,9 @@ def test_the_long_chat_is_played_from_its_first_request_as_one_chat(stand_in: St
             assert all(m["content"] in own for m in chat_turns), each["turn"]  # no "Assistant: " of ctx's
         # the probe went on as it came, one message
         assert live(stand_in)[15]["messages"] == [{"role": "user", "content": "Hi"}]
+        # what ctx wrote itself (the story so far) names Seraphina as the frame does, never "Character"
+        written = ours(requests, live(stand_in))
+        assert "Seraphina: " in "".join(written) and not [t for t in written if "Character:" in t]
     finally:
         running.stop()
 

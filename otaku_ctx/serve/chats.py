@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..story.model import LoreEntry, LorePosition, Message, Role, Story
+from ..story.speakers import label
 from ..tokens import common_length
 from .errors import BadRequest
 
@@ -180,10 +180,6 @@ def chat_story(
     return Story(path=Path("chat"), messages=tuple(messages), system=system, source_format="openai")
 
 
-#: a speaker's name that a frontend writes at the start of a message ("Mira: …", as Agnai does,
-#: and SillyTavern when its names go in the content): up to four words, a letter first, no digit
-#: ("Turn 3: …" is the text's own), ending in a colon within the message's first 42 characters
-LABEL = re.compile(r"[^\W\d_][^\s:\d]*(?: [^\s:\d]+){0,3}:(?: |$)")
 #: the roles of a chat's dialogue (`dialogue_of`)
 SPEAKING = ("user", "assistant")
 
@@ -193,12 +189,11 @@ Said = tuple[str, str]
 
 def said(role: str, content: Any) -> Said:
     """A message as a chat is recognised by: its role and its text without a speaker's name
-    written at its start (`LABEL`), so that a persona renamed in every past message ("You: Hi" →
+    written at its start (`story.speakers.label`), so that a persona renamed in every past message ("You: Hi" →
     "Tomas: Hi") and Agnai's prefill, the bare "Mira:", read the same whoever speaks."""
     text = content if isinstance(content, str) else text_of(content, "a message")
-    if 0 <= text.find(":", 0, 42) and (label := LABEL.match(text)):
-        text = text[label.end() :]
-    return role, text
+    written = label(text)
+    return role, text if written is None else written[1]
 
 
 def dialogue_of(body: Mapping[str, Any]) -> list[Said]:

@@ -35,6 +35,7 @@ from pathlib import Path
 from ..locations import otaku_home
 from ..story.model import Scene, Story
 from ..story.sidecar import SUFFIX, Judged, Record, judge, read_sidecar
+from ..story.speakers import Speakers
 from ..summarize import Cutting, pack
 from ..summarize.extract import history_extract, summary_extract
 from ..tokens import common_length
@@ -249,7 +250,7 @@ def scenes_of(
     covered = kept[-1][1] if kept else covered
     if settled > covered:
         for start, end in pack(story.messages[covered:settled], cutting):
-            summary = summary_extract(story.messages[start - 1 : end], summary_words)
+            summary = summary_extract(story.messages[start - 1 : end], summary_words, Speakers.of(story))
             kept.append((start, end, summary))
             history = history_extract(history, summary, history_words)
             scenes.append(_provisional(len(scenes) + 1, start, end, summary, history))

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from ..story.model import Message
+from ..story.speakers import UNNAMED, Speakers
 from .checks import NUMBER, STOPWORDS, WORD, written_names
 
 EXTRACT = "ctx extract"  # the `model` of a record ctx wrote from the scene's own lines
@@ -31,20 +32,21 @@ MONTHS = re.compile(
 )
 
 
-def summary_extract(messages: Sequence[Message], words: int) -> str:
-    """The scene told by its own lines: the sentences that carry its facts, with their speakers,
-    in story order, within `words` (`informative`); a card that joins, always."""
+def summary_extract(messages: Sequence[Message], words: int, speakers: Speakers = UNNAMED) -> str:
+    """The scene told by its own lines: the sentences that carry its facts, with their speakers
+    by name (`story.speakers`), in story order, within `words` (`informative`); a card that
+    joins, always."""
     said: list[tuple[int, str, str]] = []  # (order, speaker, sentence)
     for m in messages:
         if m.card is not None:
             said.append((len(said), "", f"{m.card.name} joins the story."))
             continue
-        speaker = m.name or {"user": "User", "assistant": "Character", "system": "Narration"}[m.role]
-        for sentence in sentences(m.content):
+        speaker, text = speakers.said(m)
+        for sentence in sentences(text):
             said.append((len(said), speaker, sentence))
     rare = rare_words(" ".join(s for _, _, s in said))
-    speakers = frozenset(speaker.lower() for _, speaker, _ in said)
-    chosen = informative(said, rare, speakers, words)
+    who = frozenset(speaker.lower() for _, speaker, _ in said)
+    chosen = informative(said, rare, who, words)
     return "\n".join(f"{speaker}: {sentence}" if speaker else sentence for _, speaker, sentence in chosen)
 
 

@@ -25,6 +25,7 @@ from ..backend.client import unicode_text
 from ..errors import OtakuError
 from ..story.model import Scene, Story
 from ..story.sidecar import Record, covers, history_basis, judge, sha, sketch
+from ..story.speakers import ROLE_WORDS, Speakers
 from ..tokens import TokenCounter
 from . import checks
 from .extract import EXTRACT, history_extract, summary_extract
@@ -100,15 +101,27 @@ def usable_tokens(window: int) -> int:
 
 
 def scene_text(story: Story, span: Span) -> str:
-    """The scene as the prompt shows it: `[n] Name: text`, a card as the character joining."""
-    lines = []
+    """The scene as the prompt shows it: `[n] Name: text` (each speaker by name, `story.speakers`),
+    a card as the character joining."""
+    lines, speakers = [], Speakers.of(story)
     for m in story.messages[span[0] - 1 : span[1]]:
         if m.card is not None:
             lines.append(f"[{m.number}] ({m.card.name} joins the story.)")
             continue
-        speaker = m.name or {"user": "User", "assistant": "Character", "system": "Narration"}[m.role]
-        lines.append(f"[{m.number}] {speaker}: {m.content}")
+        speaker, text = speakers.said(m)
+        lines.append(f"[{m.number}] {speaker}: {text}")
     return "\n".join(lines)
+
+
+def named(story: Story, span: Span) -> set[str]:
+    """The scene's speakers by their names: those the story gives (its own, a name written in a
+    message, the frame's), not the last resort's role words."""
+    speakers = Speakers.of(story)
+    return {
+        speaker
+        for m in story.messages[span[0] - 1 : span[1]]
+        if m.card is None and (speaker := speakers.said(m)[0]) not in ROLE_WORDS.values()
+    }
 
 
 class Prompts:
@@ -129,13 +142,13 @@ class Prompts:
         return f"{prompt.system}\n{user}"
 
     def summary_check(self, story: Story, span: Span) -> checks.Scene:
-        speakers = {m.name or "" for m in story.messages[span[0] - 1 : span[1]]}
+        speakers = named(story, span)
         speakers |= {m.card.name for m in story.messages[span[0] - 1 : span[1]] if m.card is not None}
         instructions, words = self.instructions(self.summary), self.options.summary_words
         return checks.Scene.of(scene_text(story, span), speakers, instructions, words)
 
     def history_check(self, story: Story, span: Span, summary: str, title: str) -> checks.Scene:
-        speakers = {m.name or "" for m in story.messages[span[0] - 1 : span[1]]}
+        speakers = named(story, span)
         instructions, words = self.instructions(self.history), self.options.history_words
         return checks.Scene.of(f"{title}\n{summary}", speakers, instructions, words)
 
@@ -515,7 +528,7 @@ def run(
             if options.fallback != "extract":
                 raise
             summary, title, made_by = (
-                summary_extract(story.messages[span[0] - 1 : span[1]], options.summary_words),
+                summary_extract(story.messages[span[0] - 1 : span[1]], options.summary_words, Speakers.of(story)),
                 "",
                 EXTRACT,
             )
