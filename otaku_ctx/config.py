@@ -590,7 +590,21 @@ def default_toml() -> str:
     for section in SECTIONS:
         lines.append(f"[{section}]")
         for key in keys(section):
-            lines.append(f"# {key.metadata['help']}")
-            lines.append(tomli_w.dumps({key.name: key.default}, multiline_strings=True).strip())
+            line = tomli_w.dumps({key.name: key.default}, multiline_strings=True).strip()
+            serves = SERVE_DEFAULTS.get(f"{section}.{key.name}")
+            if serves is None:
+                lines += [f"# {key.metadata['help']}", line]
+            else:  # left unset, so each command takes its own default
+                shown = tomli_w.dumps({key.name: serves}).strip().split(" = ", 1)[1]
+                lines += [
+                    f"# {key.metadata['help']}; unset: {line.split(' = ', 1)[1]}, in ctx serve {shown}",
+                    f"# {line}",
+                ]
         lines.append("")
     return "\n".join(lines)
+
+
+#: the settings whose default in `ctx serve` is its own (a server's chat keeps its prefix, and
+#: carries the names its frontend sent): serve takes these while the setting is unset, and a
+#: value the user set wherever it is set; `config init` writes them commented out
+SERVE_DEFAULTS: dict[str, Any] = {"context.cache": "stable", "prompt.speakers": "as_given"}

@@ -283,3 +283,20 @@ def test_each_failure_says_its_status_type_and_code_the_same_in_both_encodings()
         assert said["message"].startswith("ctx serve: ") and "param" in said
         assert json.loads(failure.event().removeprefix(b"data: ")) == failure.body() == json.loads(failure.json())
     assert "a bug" not in failure_of(ValueError("a bug")).message  # its words are the log's, not the client's
+
+
+def test_serve_takes_its_own_defaults_only_where_the_user_set_nothing(tmp_path: Path) -> None:
+    """`cache` and `speakers` unset: serve's "stable" and "as_given"; set in a config, even to
+    `ctx build`'s own defaults, the user's values stand; `config init` leaves both unset."""
+    from otaku_ctx.config import default_toml, load_settings
+    from otaku_ctx.serve.setup import serving
+
+    unset = serving(load_settings())
+    assert (unset.context.cache, unset.prompt.speakers) == ("stable", "as_given")
+    written = tmp_path / "config.toml"
+    written.write_text(default_toml(), encoding="utf-8")
+    initialised = serving(load_settings(written, explicit=True))
+    assert (initialised.context.cache, initialised.prompt.speakers) == ("stable", "as_given")
+    written.write_text('[context]\ncache = "exact"\n[prompt]\nspeakers = "labelled"\n', encoding="utf-8")
+    chosen = serving(load_settings(written, explicit=True))
+    assert (chosen.context.cache, chosen.prompt.speakers) == ("exact", "labelled")

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from ..backend import Backend, NoTokenizer
 from ..build import counter_for, with_model
-from ..config import ModelSettings, Settings
+from ..config import SERVE_DEFAULTS, ModelSettings, Settings
 from ..tokens import TokenCounter
 from .assemble import ladder
 
@@ -32,14 +32,22 @@ LONG_CHAT = 5000
 
 
 def serving(settings: Settings) -> Settings:
-    """serve's own defaults, where the settings keep the built-in ones: the stable cache policy
-    (a server's chat is what it is for) and messages labelled only with the names the frontend
-    sent (`[prompt] speakers = "as_given"`)."""
+    """serve's own defaults (`config.SERVE_DEFAULTS`) where the user set nothing: the stable cache
+    policy (a server's chat is what it is for) and messages labelled only with the names the
+    frontend sent (`[prompt] speakers = "as_given"`). A value the user set, in the config or on
+    the command line, is theirs: `cache = "exact"` is honoured, and said once."""
+    unset = {k: v for k, v in SERVE_DEFAULTS.items() if settings.sources.get(k, "default") == "default"}
     context, prompt = settings.context, settings.prompt
-    if context.cache == "exact":
-        context = replace(context, cache="stable")
-    if prompt.speakers == "labelled":
-        prompt = replace(prompt, speakers="as_given")
+    if "context.cache" in unset:
+        context = replace(context, cache=unset["context.cache"])
+    elif context.cache == "exact":
+        log.info(
+            'cache = "exact" (from %s): each turn takes the first shape that fits, which moves the prompt\'s'
+            " start as the chat grows; unset it for serve's \"stable\", which keeps the backend's cache",
+            settings.sources["context.cache"],
+        )
+    if "prompt.speakers" in unset:
+        prompt = replace(prompt, speakers=unset["prompt.speakers"])
     return replace(settings, context=context, prompt=prompt)
 
 
