@@ -50,6 +50,7 @@ class StandIn(QuietServer):
         self.delay = 0.0
         self.summary_delay = 0.0
         self.loops = 0  # this many summary replies first come back as a loop
+        self.useless = False  # every summary reply one that names no one (a check turns it down)
         self.bodies: list[dict[str, Any]] = []  # the live chat requests, as received
         self.summaries: list[dict[str, Any]] = []  # the summary and history requests
         self.completions: list[bytes] = []
@@ -187,6 +188,8 @@ class _Handler(JSONHandler):
             looping, stand_in.loops = stand_in.loops > 0, stand_in.loops - 1
         if looping:
             text = json.dumps({"title": "A scene", "summary": "Mara and the keeper talk. " * 60})
+        if stand_in.useless:
+            text = json.dumps({"title": "A scene", "summary": "I cannot help with that.", "history": "Nothing."})
         with stand_in.lock:
             stand_in.events.append(("summary-end", time.monotonic()))
         self._send(
@@ -688,8 +691,38 @@ def test_summaries_are_written_in_the_background_and_used(stand_in: StandIn) -> 
         [sidecar] = (Path(os.environ["OTAKU_HOME"]) / "chats").glob("*.ctx-summaries")
         records = read_sidecar(sidecar)
         assert records and records[-1].end <= 60 - 4  # the newest `settle` messages are left alone
+        written = json.loads(_get(running, "/ctx/stats"))["chats"][0]["summaries"]
+        assert written["by_model"] >= len(records) and written["extracts"] == 0
     finally:
         running.stop()
+
+
+def test_a_model_whose_summaries_are_all_turned_down_is_said_once(
+    stand_in: StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every summary reply names no one: the scenes are ctx's extracts, `/ctx/stats` counts them
+    and the turned-down replies and says why, and the log says it once, with the remedy, however
+    many passes the chat's growth asks for."""
+    stand_in.window, stand_in.useless = 1200, True
+    running = Running(Service(settings_for(stand_in.url, summarize=True)))
+    try:
+        talk = client(running)
+        begun(talk, chat(58), max_tokens=200)
+        for n in (60, 62, 80, 82):
+            talk.chat.completions.create(model="local", messages=chat(n), max_tokens=200)
+            deadline = time.monotonic() + 60
+            while json.loads(_get(running, "/ctx/stats"))["chats"][0]["summaries_left"] or not stand_in.summaries:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            time.sleep(0.2)
+        [chat_] = json.loads(_get(running, "/ctx/stats"))["chats"]
+    finally:
+        running.stop()
+    written = chat_["summaries"]
+    assert written["by_model"] == 0 and written["extracts"] >= 2 and written["turned_down"] >= written["extracts"]
+    assert "turned down" in chat_["summaries_failed"]
+    said = [r.getMessage() for r in caplog.records if "were all turned down" in r.getMessage()]
+    assert len(said) == 1 and "[summarize]" in said[0] and "the last: " in said[0], said
 
 
 def test_a_summary_reply_that_loops_is_asked_again_with_the_servers_penalty(stand_in: StandIn) -> None:

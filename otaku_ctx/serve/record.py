@@ -104,6 +104,11 @@ def stats_of(sessions: Sessions) -> dict[str, Any]:
                 "case": turns[-1].case,
                 "summaries_left": session.summaries.left,
                 "summaries_failed": session.summaries.why,
+                "summaries": {
+                    "by_model": session.summaries.by_model,
+                    "extracts": session.summaries.extracts,
+                    "turned_down": session.summaries.turned_down,
+                },
                 "shape": session.turn.said or "as configured",
                 "turns": [t.facts() for t in turns],
             }

@@ -127,6 +127,9 @@ class SummaryState:
         self.failed_at = -1  # the length of the story that failed (not retried until it grows)
         self.why = ""  # why its summaries could not be written, the last time
         self.complete_at = -1  # the length of the story last found with nothing to do
+        # what its summarizer wrote, in all: summaries and histories by the model, ctx's extracts
+        # in their place, and the model's replies a check turned down
+        self.by_model, self.extracts, self.turned_down = 0, 0, 0
 
     def wish(self, story: Story, scene: int) -> bool:
         """Want `story` summarized, unless it failed at this length or was found complete less
@@ -152,6 +155,22 @@ class SummaryState:
                 self.failed_at = failed_at
             if why is not None:
                 self.why = why
+
+    def tally(self, by_model: int, extracts: int, turned_down: int) -> bool:
+        """A pass's count added; whether it is the first in which the model wrote nothing that
+        was kept (then it is said, once a chat)."""
+        with self.lock:
+            first = extracts > 0 and by_model == 0 and self.by_model == 0 and self.extracts == 0
+            self.by_model += by_model
+            self.extracts += extracts
+            self.turned_down += turned_down
+            return first
+
+    @property
+    def none_kept(self) -> bool:
+        """Whether every summary and history written for it so far is ctx's extract."""
+        with self.lock:
+            return self.extracts > 0 and self.by_model == 0
 
     def planned(self, plan: Any, progress: Any) -> None:
         """The work under way has its plan, and counts its requests in `progress`."""

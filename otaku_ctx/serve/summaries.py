@@ -243,4 +243,15 @@ class Summarizer:
             key, report.summaries, report.histories, report.scenes, missing,
         )  # fmt: skip
         why = f"no reply of the model would do for {len(report.missing)} scenes" if report.missing else None
+        by_model = report.summaries + report.histories - report.extracts
+        if session.summaries.tally(by_model, report.extracts, report.turned_down):
+            reason = work.progress.why_turned_down if work.progress is not None else ""
+            log.warning(
+                "chat %s: the model's summaries were all turned down (%d replies; the last: %s): ctx writes"
+                " extracts of each scene's own lines instead. A larger model summarizes; or point [summarize]"
+                " url and model at another server",
+                key, report.turned_down, reason or "none usable",
+            )  # fmt: skip
+        if session.summaries.none_kept:
+            why = why or "the model's summaries were all turned down: extracts stand in"
         session.summaries.end(complete_at=len(story), why=why)

@@ -289,6 +289,8 @@ class Progress:
     worked: int = 0
     rejected: list[str] = field(default_factory=list)  # each reply a check turned down, for --debug
     extracts: int = 0  # summaries and histories written as extracts (`extract.py`)
+    turned_down: int = 0  # the model's replies a check turned down
+    why_turned_down: str = ""  # the last one's reason
 
     @property
     def eta(self) -> float | None:
@@ -314,6 +316,7 @@ class Report:
     covered_to: int  # the last message a scene covers (0: none)
     missing: tuple[tuple[int, int, str], ...] = ()  # (start, end, why) of each scene no reply would do
     extracts: int = 0  # summaries and histories written as extracts of the scene's own lines
+    turned_down: int = 0  # the model's replies a check turned down
 
     def facts(self) -> dict[str, Any]:
         facts = dict(self.__dict__)
@@ -432,6 +435,8 @@ class Asker:
                 then = " (the next with " + ", ".join(f"{k} {v:g}" for k, v in penalty.items()) + ")"
             with self.lock:
                 self.progress.rejected.append(f"{what}: attempt {tries}: {why}: {last!r}{then}")
+                self.progress.turned_down += 1
+                self.progress.why_turned_down = why or "no usable text"
         raise SummarizeError(
             f"{self.backend.url}: {what}: {tries} replies held no usable {name} (the last: {last!r}); "
             "run again, or try another model"
@@ -565,6 +570,7 @@ def run(
         covered_to=ordered[-1].end if ordered else (story.scenes[-1].end if story.scenes else 0),
         missing=tuple(sorted(missing)),
         extracts=progress.extracts,
+        turned_down=progress.turned_down,
     )
 
 
@@ -668,8 +674,9 @@ def _histories(
         if gap is not None and start > gap:
             break
         written_by = record.model if previous is None else asker.backend.model
-        if previous is None:
+        if previous is None:  # the story's first: its summary, an extract if that is one
             history = record.summary
+            progress.extracts += record.model == EXTRACT
         else:
             earlier = rolled_from(story, previous)
             messages = prompts.history_messages(earlier, record.summary, record.title)
