@@ -80,6 +80,21 @@ def test_the_log_hushes_a_flood_and_says_how_many_it_left_out() -> None:
     assert "Traceback" in Visible(debug=True).format(failed) and "\x1b" not in Visible(debug=True).format(failed)
 
 
+def test_each_turns_line_is_written_however_many_turns_come() -> None:
+    """The one line a turn is its record, not a fault: a hundred turns in a minute, a hundred lines
+    (before, the sixth on was left out, a cancelled turn's line among them)."""
+    from otaku_ctx.serve.record import EVERY
+
+    hush = Hush(most=3, window=60, clock=lambda: 0.0)
+    turns = [
+        logging.LogRecord("otaku_ctx.serve", logging.INFO, "", 0, "chat %s · turn %d", ("c", n), None)
+        for n in range(100)
+    ]
+    for record in turns:
+        record.__dict__.update(EVERY)
+    assert all(hush.filter(record) for record in turns)
+
+
 # -- #14: a backend's error that quotes the prompt -----------------------------------------------
 
 

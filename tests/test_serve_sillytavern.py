@@ -256,9 +256,10 @@ def test_a_small_window_takes_a_smaller_head_and_tail_and_keeps_it() -> None:
     small = assembled(300, 1500, session)  # no provisional scenes here: the rungs alone, then the newest
     assert small.messages is not None and small.tokens <= 1400
     assert small.truncated is not None and 0 < small.truncated < 300
+    assert small.held == big.held == 300  # the turn is counted by the chat's messages, not those sent
     assert small.messages[-1]["content"].startswith("Mara: Turn 300")
     refused = assembled(300, 300, None, frame=" ".join(f"rule{i}" for i in range(400)))
-    assert refused.messages is None and refused.built.assembly.refusal is not None
+    assert refused.messages is None and refused.built.assembly.refusal is not None and refused.held == 300
 
 
 def test_past_the_ladder_the_newest_messages_keep_their_start_while_they_fit() -> None:

@@ -36,12 +36,14 @@ RUNGS = (1, 2, 4, 8, 16)
 class Assembled:
     """What a turn sends: the chat messages (None on a refusal), how they were chosen, and how
     serve shaped them: the ladder's `rung` (0: the settings as given), or `truncated`, the
-    newest messages kept when no rung fits."""
+    newest messages kept when no rung fits; and `held`, the messages of the chat the request
+    held (what its turn is counted by, however few were sent)."""
 
     built: Built
     messages: list[dict[str, Any]] | None
     rung: int = 0
     truncated: int | None = None
+    held: int = 0
 
     @property
     def case(self) -> int:
@@ -141,13 +143,13 @@ def assemble_chat(
             continue  # a move, once the chat was played on its rung: only to a shape with room
         if state is not None:
             state.shaped(rung, built.assembly.walked, cut=0)
-        return Assembled(built, json.loads(built.prompt), rung)
+        return Assembled(built, json.loads(built.prompt), rung, held=len(story.messages))
     kept, fitted = truncated(story, last_resort, count, window, max_tokens, state)
     if fitted.prompt is None:
-        return Assembled(fitted, None, len(shaped) - 1)
+        return Assembled(fitted, None, len(shaped) - 1, held=len(story.messages))
     if state is not None:
         state.shaped(len(shaped), None)
-    return Assembled(fitted, json.loads(fitted.prompt), len(shaped), kept)
+    return Assembled(fitted, json.loads(fitted.prompt), len(shaped), kept, len(story.messages))
 
 
 #: the share of the limit a shape serve moves to must leave free (a lower rung, the newest

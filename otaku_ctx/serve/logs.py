@@ -4,7 +4,8 @@ A serve log line quotes what others said — a backend's error, a client's malfo
 aiohttp's own complaint about a connection — so each is made safe to print (`Visible`: every
 character that steers a terminal shown as its escape, an exception as one line, a traceback only
 with `--debug`), and a client or backend that makes the same fault a thousand times a second
-gets a few lines of it, then one that counts the rest (`Hush`).
+gets a few lines of it, then one that counts the rest (`Hush`). The one line a turn is written
+every time: it is the turn's record, not a fault.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class Hush(logging.Filter):
         self._kinds: dict[tuple[str, str], tuple[float, int, int]] = {}  # kind -> (since, written, left out)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "every", False):  # one a turn (`record.EVERY`): each is its turn's record
+            return True
         kind = (record.name, str(record.msg)[:200])
         now = self.clock()
         since, written, left = self._kinds.get(kind, (now, 0, 0))

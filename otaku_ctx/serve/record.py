@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from .setup import Setup
 
 log = logging.getLogger("otaku_ctx.serve")
+#: a line that is written every time, however many like it came (`logs.Hush` passes it): one a turn
+EVERY = {"every": True}
 
 
 def say_shape(session: Session, assembled: Assembled, setup: Setup) -> None:
@@ -59,8 +61,8 @@ def refusal(session: Session | None, assembled: Assembled) -> DoesNotFit:
     refused = assembled.built.assembly.refusal
     assert refused is not None
     key = session.key[:12] if session is not None else "(probe)"
-    log.info("chat %s · %d messages · case 6 · refused (needs %d)", key, assembled.built.assembly.messages,
-             refused.needed_context)  # fmt: skip
+    log.info("chat %s · %d messages · case 6 · refused (needs %d)", key, assembled.held, refused.needed_context,
+             extra=EVERY)  # fmt: skip
     remedy = "start the backend with a larger context, or send a shorter system prompt and card"
     why = session.summaries.why if session is not None else ""
     if why:
@@ -75,17 +77,18 @@ def refusal(session: Session | None, assembled: Assembled) -> DoesNotFit:
 def record(session: Session | None, assembled: Assembled, usage: Usage, seconds: float, cancelled: bool) -> None:
     """A turn's end: kept in its chat's stats, and its one log line."""
     a = assembled.built.assembly
-    turn = Turn(a.messages, a.case, a.tokens, a.limit, usage.prompt_tokens, usage.cached, round(seconds, 4),
+    turn = Turn(assembled.held, a.case, a.tokens, a.limit, usage.prompt_tokens, usage.cached, round(seconds, 4),
                 cancelled)  # fmt: skip
     cached = f"{turn.cached:,} cached" if turn.cached is not None else "cache not reported"
     stopped = " · stopped by the client" if cancelled else ""
     if session is None:
-        log.info("a one-message probe · %s tokens sent · %s%s", f"{a.tokens:,}", cached, stopped)
+        log.info("a one-message probe · %s tokens sent · %s%s", f"{a.tokens:,}", cached, stopped, extra=EVERY)
         return
     number = session.stats.add(turn)
     log.info(
         "chat %s · turn %d · %d messages · case %d · %s tokens sent (limit %s) · %s · ctx %.3f s%s",
-        session.key[:12], number, a.messages, a.case, f"{a.tokens:,}", f"{a.limit:,}", cached, seconds, stopped,
+        session.key[:12], number, turn.messages, a.case, f"{a.tokens:,}", f"{a.limit:,}", cached, seconds, stopped,
+        extra=EVERY,
     )  # fmt: skip
 
 
