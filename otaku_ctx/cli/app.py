@@ -170,14 +170,15 @@ def command_for(chosen: typer.Typer) -> Callable[..., Any]:
     process (a test run calls `main` thousands of times) — a Click command keeps no state of a
     run, which lives in the context each call makes."""
     if chosen is app:
-        return app
+        return _command("")
     (command,) = chosen.registered_commands
     return _command(command.name or "")
 
 
 @cache
 def _command(name: str) -> Callable[..., Any]:
-    return typer.main.get_command(app_for([name], {}))
+    """One command's Click command, or the whole app's (`name` "": a group, no command, a typo)."""
+    return typer.main.get_command(app_for([name], {}) if name else app)
 
 
 @contextmanager
