@@ -98,8 +98,10 @@ def test_the_long_chat_is_played_from_its_first_request_as_one_chat(stand_in: St
         # the probe went on as it came, one message
         assert live(stand_in)[15]["messages"] == [{"role": "user", "content": "Hi"}]
         # what ctx wrote itself (the story so far) names Seraphina as the frame does, never "Character"
+        # (at 2,048 no story so far fits beside this frame: issue 43)
         written = ours(requests, live(stand_in))
-        assert "Seraphina: " in "".join(written) and not [t for t in written if "Character:" in t]
+        assert not [t for t in written if "Character:" in t]
+        assert window != 4096 or "Seraphina: " in "".join(written)
     finally:
         running.stop()
 
