@@ -6,8 +6,9 @@ A chat is recognised by its opening messages alone (`[serve] chat_messages`, 2: 
 greeting and the user's first reply), hashed: never by its frame, which SillyTavern changes
 from turn to turn (the World Info entries that fired, a group member's own card, an edited
 Author's Note); and never by the speakers' names, which a renamed persona rewrites in every
-past message (`said`). An `X-Ctx-Chat` header, else the request's `user` field, names one explicitly
-instead; its summaries are still the opening's (`Chat.pool`), so naming a chat loses none.
+past message (`said`). An `X-Ctx-Chat` header, else the request's `user` field, names one
+explicitly instead; its summaries are still the opening's (`Chat.pool`), so naming a chat loses
+none.
 Either way the key is a hash, so a chat's text never becomes a file name. A request of one
 message (SillyTavern's Test Message, "Hi") is a probe: it is answered, and is no chat.
 """
@@ -189,8 +190,9 @@ Said = tuple[str, str]
 
 def said(role: str, content: Any) -> Said:
     """A message as a chat is recognised by: its role and its text without a speaker's name
-    written at its start (`story.speakers.label`), so that a persona renamed in every past message ("You: Hi" →
-    "Tomas: Hi") and Agnai's prefill, the bare "Mira:", read the same whoever speaks."""
+    written at its start (`story.speakers.label`), so that a persona renamed in every past
+    message ("You: Hi" → "Tomas: Hi") and Agnai's prefill, the bare "Mira:", read the same
+    whoever speaks."""
     text = content if isinstance(content, str) else text_of(content, "a message")
     written = label(text)
     return role, text if written is None else written[1]
@@ -240,6 +242,7 @@ def identify(story: Story, body: Mapping[str, Any], headers: Mapping[str, str], 
     one message is a probe (`Chat.probe`), named or not."""
     if len(story.messages) < 2:
         return Chat("", False)
+    # [role, "", text]: the shape names had in the key, so a chat with none keeps its summaries' file
     first = [[m.role, "", said(m.role, m.content)[1]] for m in story.messages[:opening]]
     pool = "o" + digest(first)
     named = headers.get(HEADER, "").strip() or (body.get("user") if isinstance(body.get("user"), str) else "")

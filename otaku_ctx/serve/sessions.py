@@ -159,8 +159,8 @@ class Sessions:
 
     def match(self, chat: Chat, dialogue: Dialogue = (), frame: Sequence[FramePart] = ()) -> Match:
         """The chat (or one-shot) a request of `chat`, this `dialogue` (its user and assistant
-        messages as (role, name, content)) and this `frame` continues, of those it shares the most
-        with, then of those whose frame it sends; None when it continues none. Changes nothing."""
+        messages, `chats.said`) and this `frame` continues, of those it shares the most with, then
+        of those whose frame it sends; None when it continues none. Changes nothing."""
         with self.lock:
             family = [s for s in self._sessions.values() if s.chat.key == chat.key]
             held = [s for s in self._one_shots.values() if s.chat.key == chat.key]

@@ -13,12 +13,15 @@ ran, one `release` line when that completion ended (finished or cancelled)."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import subprocess
 from collections.abc import Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from server import (  # noqa: F401 - the tests import these from here
@@ -37,7 +40,9 @@ from server import (  # noqa: F401 - the tests import these from here
 )
 
 from otaku_ctx.backend import Backend, Retry
+from otaku_ctx.config import ServeSettings, Settings
 from otaku_ctx.serve.http import Service
+from otaku_ctx.serve.listen import Running
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,34 @@ def forwarded(service: Service) -> list[dict[str, Any]]:
 
     service.upstream.send = recorded  # type: ignore[method-assign]
     return sent
+
+
+@contextmanager
+def frontend_session(folder: Path, window: int) -> Iterator[tuple[Running, list[dict[str, Any]]]]:
+    """A frontend's session as a user runs it: llama-server with two slots of `window` each, serve
+    in front of it with the defaults (summaries in the test's otaku home); the bodies serve
+    forwarded, recorded. `/ctx/stats` and those bodies are written to `folder` at the end (to
+    study a run offline: `--basetemp` keeps them)."""
+    process = launch(folder / "llama-server.log", free_port(), context=2 * window, slots=2)
+    try:
+        port = process.args[process.args.index("--port") + 1]  # type: ignore[union-attr]
+        service = Service(Settings(serve=ServeSettings(backend=f"http://127.0.0.1:{port}/v1", port=0)))
+        sent = forwarded(service)
+        running = Running(service)
+        try:
+            yield running, sent
+        finally:
+            try:
+                url = urlsplit(running.url)
+                connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+                connection.request("GET", "/ctx/stats")
+                (folder / "stats.json").write_bytes(connection.getresponse().read())
+                connection.close()
+            finally:
+                running.stop()
+                (folder / "sent.json").write_text(json.dumps(sent))
+    finally:
+        stop(process)
 
 
 @pytest.fixture

@@ -22,11 +22,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import forwarded  # tests/realserver/conftest.py
-from server import free_port, launch, stop
+from conftest import frontend_session  # tests/realserver/conftest.py
 
-from otaku_ctx.config import ServeSettings, Settings
-from otaku_ctx.serve.http import Service
 from otaku_ctx.serve.listen import Running
 
 SESSION = Path(__file__).resolve().parents[1] / "fixtures" / "agnai-requests" / "agnai-session.jsonl.gz"
@@ -44,18 +41,8 @@ def captured() -> list[dict[str, Any]]:
 
 @pytest.fixture
 def serving(tmp_path: Path) -> Iterator[tuple[Running, list[dict[str, Any]]]]:
-    process = launch(tmp_path / "llama-server.log", free_port(), context=8192, slots=2)
-    try:
-        port = process.args[process.args.index("--port") + 1]  # type: ignore[union-attr]
-        service = Service(Settings(serve=ServeSettings(backend=f"http://127.0.0.1:{port}/v1", port=0)))
-        sent = forwarded(service)
-        running = Running(service)
-        try:
-            yield running, sent
-        finally:
-            running.stop()
-    finally:
-        stop(process)
+    with frontend_session(tmp_path, 4096) as played:
+        yield played
 
 
 def test_agnai_plays_through_serve(serving: tuple[Running, list[dict[str, Any]]]) -> None:

@@ -28,11 +28,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import forwarded  # tests/realserver/conftest.py
-from server import free_port, launch, stop
+from conftest import frontend_session  # tests/realserver/conftest.py
 
-from otaku_ctx.config import ServeSettings, Settings
-from otaku_ctx.serve.http import Service
 from otaku_ctx.serve.listen import Running
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sillytavern-requests" / "seraphina-long-chat.jsonl"
@@ -49,24 +46,8 @@ def requests() -> list[dict[str, Any]]:
 def played(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[int, Running, list[dict[str, Any]]]]:
     """llama-server at the window asked for, two slots of it; serve in front of it with the defaults
     (its summaries in the test's otaku home); the bodies serve forwarded, recorded."""
-    context: int = request.param
-    log = tmp_path / "llama-server.log"
-    process = launch(log, free_port(), context=2 * context, slots=2)
-    try:
-        port = process.args[process.args.index("--port") + 1]  # type: ignore[union-attr]
-        service = Service(Settings(serve=ServeSettings(backend=f"http://127.0.0.1:{port}/v1", port=0)))
-        sent = forwarded(service)
-        running = Running(service)
-        try:
-            yield context, running, sent
-        finally:
-            try:
-                (tmp_path / "stats.json").write_bytes(_get(running, "/ctx/stats")[1])
-            finally:
-                running.stop()
-                (tmp_path / "sent.json").write_text(json.dumps(sent))
-    finally:
-        stop(process)
+    with frontend_session(tmp_path, request.param) as (running, sent):
+        yield request.param, running, sent
 
 
 def test_sillytavern_plays_through_serve(played: tuple[int, Running, list[dict[str, Any]]]) -> None:
