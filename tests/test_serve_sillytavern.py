@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from conftest import deep_but
 from test_serve import StandIn, _get, chat, settings_for
 
 from otaku_ctx.config import ContextSettings, Settings
-from otaku_ctx.serve.assemble import Assembled, assemble_chat, ladder
+from otaku_ctx.serve.assemble import Assembled, assemble_chat, ladder, trimmed
 from otaku_ctx.serve.chats import FRAME_ENTRY, FramePart, chat_story, frame_of, framed, identify
 from otaku_ctx.serve.frame import FrameMemory
 from otaku_ctx.serve.http import Service
@@ -26,7 +27,7 @@ from otaku_ctx.serve.listen import Running
 from otaku_ctx.serve.session import Session
 from otaku_ctx.serve.sessions import Sessions
 from otaku_ctx.serve.setup import serving
-from otaku_ctx.story.model import Story
+from otaku_ctx.story.model import Scene, Story
 from otaku_ctx.tokens import make_counter
 
 stand_in = test_serve.stand_in  # the stand-in backend, as test_serve's tests have it
@@ -97,11 +98,15 @@ def test_the_long_chat_is_played_from_its_first_request_as_one_chat(stand_in: St
             assert all(m["content"] in own for m in chat_turns), each["turn"]  # no "Assistant: " of ctx's
         # the probe went on as it came, one message
         assert live(stand_in)[15]["messages"] == [{"role": "user", "content": "Hi"}]
+        # every turn holds the story so far, at 2,048 too, where the frame leaves ~300 tokens (issue 43):
+        # the newest messages with the story so far trimmed before them, never the newest alone
+        told = [b for i, b in enumerate(live(stand_in)) if i != 15]
+        assert all(any("[Story so far" in m["content"] for m in b["messages"]) for b in told)
         # what ctx wrote itself (the story so far) names Seraphina as the frame does, never "Character"
-        # (at 2,048 no story so far fits beside this frame: issue 43)
+        # (the persona is SillyTavern's default, named "User": "a fictional chat between Seraphina and User")
         written = ours(requests, live(stand_in))
         assert not [t for t in written if "Character:" in t]
-        assert window != 4096 or "Seraphina: " in "".join(written)
+        assert all("Seraphina: " in t for i, t in enumerate(written) if i != 15)
     finally:
         running.stop()
 
@@ -278,6 +283,46 @@ def test_past_the_ladder_the_newest_messages_keep_their_start_while_they_fit() -
     assert starts == sorted(starts) and moves <= 4  # the same start for three turns or more, most of the time
     # without the session's memory, the newest that fit: a start that moves every turn
     assert len({n - assembled(n, 4000, None).truncated for n in range(300, 306, 2)}) == 3  # type: ignore[operator]
+
+
+def test_past_the_ladder_the_story_so_far_stands_before_the_newest_messages() -> None:
+    # scenes to message 280 (a history each), twenty unsettled messages after: more than the window
+    # holds beside the frame, so no rung fits; the story so far and the newest messages do
+    settings = serving(Settings(context=ContextSettings(reserve_default=100)))
+    counter = make_counter("cl100k_base")
+    story = chat_story({"messages": chat(300, frame="Be brief.", words=30)})
+    histories = {k: " ".join(f"Chapter{j} happened." for j in range(1, k + 1)) * 20 for k in range(1, 15)}
+    scenes = tuple(Scene(k, 20 * k - 19, 20 * k, title=f"Part {k}", summary=f"Scene {k} of the walk.",
+                         history=histories[k]) for k in range(1, 15))  # fmt: skip
+    told = replace(story, scenes=scenes)
+    session = Session(identify(chat_story({"messages": chat(4)}), {}, {}, 2))
+    turn = assemble_chat(told, ladder(settings), counter, window=2000, max_tokens=100, state=session.turn)
+    assert turn.messages is not None and turn.truncated is not None and turn.sofar
+    first = 300 - turn.truncated + 1  # the first message kept
+    history = [m["content"] for m in turn.messages if m["content"].startswith("[Story so far")]
+    assert len(history) == 1 and turn.built.assembly.case == 4
+    through = max(s.order for s in scenes if s.end < first)  # the last scene before the messages kept
+    assert f"Chapter{through} happened." in history[0] and "Chapter1 happened." in history[0]
+    assert counter(history[0]) <= 0.25 * turn.built.assembly.limit + 16  # trimmed to its share
+    assert turn.messages[-1]["content"].startswith("Mara: Turn 300")
+    # a frame that leaves no room for the story so far beside the newest message: the newest alone
+    rules = [f"rule{i}" for i in range(2000)]
+    while counter(" ".join(rules)) > turn.built.assembly.limit - 200:  # ~200 left: the newest takes 125
+        rules = rules[:-10]
+    crowded = replace(told, system=" ".join(rules))
+    alone = assemble_chat(crowded, ladder(settings), counter, window=2000, max_tokens=100)
+    assert alone.messages is not None and not alone.sofar and alone.truncated is not None
+    assert not [m for m in alone.messages if m["content"].startswith("[Story so far")]
+
+
+def test_the_story_so_far_is_trimmed_keeping_its_start_and_its_end() -> None:
+    counter = make_counter("cl100k_base")
+    scene = Scene(1, 1, 9, history=" ".join(f"w{i}" for i in range(600)))
+    cut = trimmed(scene, 100, counter)
+    assert counter(cut.history) <= 100 and "…" in cut.history
+    words = cut.history.split()
+    assert words[0] == "w0" and words[-1] == "w599" and words.index("…") < len(words) // 2
+    assert trimmed(scene, 10_000, counter) == scene  # within its tokens: as it is
 
 
 def test_the_settings_rungs_halve_the_head_and_tail() -> None:

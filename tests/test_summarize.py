@@ -26,6 +26,7 @@ from otaku_ctx.cli.terminal import Terminal
 from otaku_ctx.story.sidecar import read_sidecar, sidecar_for
 from otaku_ctx.summarize import Cutting, pack
 from otaku_ctx.summarize.replies import field_of, json_object
+from otaku_ctx.summarize.run import words_for
 
 REPO = Path(__file__).resolve().parents[1]
 FIRST = re.compile(r"^\[(\d+)\] ", re.MULTILINE)
@@ -217,6 +218,23 @@ def test_a_small_window_cuts_scenes_smaller_never_truncated(tmp_path: Path, serv
         assert len(body["messages"][-1]["content"]) // 4 + body["max_tokens"] < 2500
     records = read_sidecar(sidecar_for(chat))
     assert any(r.end - r.start + 1 < 20 for r in records)  # cut below min_messages to fit
+
+
+@pytest.mark.parametrize(("window", "summary", "history"), [(4096, 128, 200), (32768, 400, 200)])
+def test_summary_and_history_lengths_follow_the_window(
+    tmp_path: Path, server: StandIn, window: int, summary: int, history: int
+) -> None:
+    assert words_for(2048, 400, 200) == (64, 128) and words_for(512, 400, 200) == (40, 40)  # the floor
+    chat = sillytavern_chat(tmp_path / "chat.jsonl", 120)
+    code, _, err = summarize(chat, server, "--window", str(window))
+    assert code == 0, err
+    asked = [b["messages"][-1]["content"] for b in server.bodies]
+    summaries = [a for a in asked if '"summary" holds' in a]
+    histories = [a for a in asked if '"history" holds' in a]
+    assert summaries and histories
+    assert all(f"at most {summary} words" in a for a in summaries)
+    assert all(f"at most {history} words" in a for a in histories)
+    assert {b["max_tokens"] for b in server.bodies} <= {summary * 2 + 64, history * 2 + 32}
 
 
 # -- interruption -----------------------------------------------------------------------------

@@ -7,10 +7,13 @@ the counts and the parts' prices of the turns before.
 A frontend's chat must be played whatever its window: where the seed's numbers (head 20, a
 tail of at least 50) cannot fit the backend's window beside the chat's frame, serve goes down
 its own ladder (`ladder`: the head and tail halved, up to four times) and stays on the rung
-that fits, so the prompt keeps its shape from turn to turn; where even the last rung cannot
-fit, it sends the frame and the newest messages that fit, as a frontend's own truncation
-would. Only a chat whose frame and last message cannot fit is refused. `ctx build` keeps the
-seed's numbers as given.
+that fits, so the prompt keeps its shape from turn to turn. Where even the last rung cannot
+fit (the messages not yet settled into a scene are more than the window holds), it sends the
+frame, the story so far (the history of the last scene before the messages kept, trimmed to
+`SOFAR_SHARE` of the limit and half the room the frame leaves) and the newest messages that
+fit; only when not even the story so far and the newest message fit, the frame and the newest
+messages alone, as a frontend's own truncation would. Only a chat whose frame and last message
+cannot fit is refused. `ctx build` keeps the seed's numbers as given.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..assemble import Part
 from ..build import Built, Pipeline
 from ..config import Settings
-from ..story.model import Story
+from ..story.model import Scene, Story
 from ..tokens import TokenCounter
 from .session import TurnState
 
@@ -44,6 +48,13 @@ class Assembled:
     rung: int = 0
     truncated: int | None = None
     held: int = 0
+    sofar: bool = False  # truncated, with the story so far before the newest messages
+
+    @property
+    def sent(self) -> int:
+        """The chat's messages the prompt holds verbatim."""
+        a = self.built.assembly
+        return len(a.head) + len(a.tail)
 
     @property
     def case(self) -> int:
@@ -149,7 +160,8 @@ def assemble_chat(
         return Assembled(fitted, None, len(shaped) - 1, held=len(story.messages))
     if state is not None:
         state.shaped(len(shaped), None)
-    return Assembled(fitted, json.loads(fitted.prompt), len(shaped), kept, len(story.messages))
+    told = fitted.assembly.history is not None
+    return Assembled(fitted, json.loads(fitted.prompt), len(shaped), kept, len(story.messages), told)
 
 
 #: the share of the limit a shape serve moves to must leave free (a lower rung, the newest
@@ -167,46 +179,99 @@ def truncated(
     story: Story, settings: Settings, count: TokenCounter, window: int, max_tokens: int | None, state: TurnState | None
 ) -> tuple[int, Built]:
     """The last resort, kept from turn to turn: the messages from where the session's last
-    truncation started while they fit; else the newest that fit leaving `ROOM` of the
-    limit (the newest that fit at all, when that is fewer: the newest message alone)."""
+    truncation started while they fit (with the story so far, when the cut had it); else the
+    newest that fit with the story so far before them, leaving `ROOM` of the limit; else the
+    newest that fit beside it at all; else the same without the story so far (the newest
+    message alone, when even that leaves no room)."""
     pipeline = pipeline_for(settings, count, window, max_tokens)
     newest = len(story.messages)
     if state is not None and 0 < state.cut <= newest:
         kept = newest - state.cut + 1
-        built = _newest(pipeline, story, kept)
+        built = _newest(pipeline, story, kept, told=True)
         if built.prompt is not None:
             return kept, built
-    kept, built = newest_that_fit(pipeline, story, roomy)
-    if not kept:  # not even the newest message leaves the room: the most that fit at all
-        kept, built = newest_that_fit(pipeline, story)
+    for told, room in ((True, roomy), (True, _any), (False, roomy), (False, _any)):
+        kept, built = newest_that_fit(pipeline, story, room, told=told)
+        if kept:
+            break
     if state is not None:
         state.truncated_at(newest - kept + 1 if built.prompt is not None else 0)
     return kept, built
 
 
-def _newest(pipeline: Pipeline, story: Story, k: int) -> Built:
-    """The build of the story's newest `k` messages alone (renumbered from 1, no scenes)."""
+def _any(built: Built) -> bool:
+    return True
+
+
+#: the share of the limit the story so far may take on the last rung, trimmed to it when longer
+SOFAR_SHARE = 0.25
+
+
+def story_so_far(story: Story, before: int) -> Scene | None:
+    """The story so far up to message `before`: the last scene ending before it, with its history
+    (its summary, when it has none); None when no scene does."""
+    told = [s for s in story.scenes if s.end < before and (s.history.strip() or s.summary.strip())]
+    if not told:
+        return None
+    scene = told[-1]
+    return replace(scene, history=scene.history if scene.history.strip() else scene.summary)
+
+
+def trimmed(scene: Scene, tokens: int, count: TokenCounter) -> Scene:
+    """The story so far within `tokens`: its first third and its last two thirds of the words
+    that fit, an ellipsis between (the story's beginning and what led to now both stand)."""
+    words = scene.history.split()
+    size = count(scene.history)
+    while size > tokens and words:
+        keep = int(len(words) * tokens / size * 0.95)
+        first = keep // 3
+        words = [*words[:first], "…", *words[len(words) - (keep - first) :]] if keep > 1 else []
+        size = count(" ".join(words))
+    return replace(scene, history=" ".join(words))
+
+
+def _newest(pipeline: Pipeline, story: Story, k: int, *, told: bool = False) -> Built:
+    """The build of the story's newest `k` messages alone (renumbered from 1, no scenes); `told`:
+    after the story so far up to them (`story_so_far`, trimmed to `SOFAR_SHARE` of the limit),
+    when there is one — an unfitting build (no prompt) when it and they do not fit."""
     renumbered = tuple(replace(m, number=i) for i, m in enumerate(story.messages[-k:], 1))
-    return pipeline.build(replace(story, messages=renumbered, scenes=()))
+    short = replace(story, messages=renumbered, scenes=())
+    sofar = story_so_far(story, len(story.messages) - k + 1) if told else None
+    if sofar is None:
+        return pipeline.build(short)
+    fitted = pipeline.fit(pipeline.prepare(short))
+    a = fitted.assembly
+    if a.refusal is not None:
+        return pipeline.render(fitted)
+    room = a.limit - fitted.pricer.fixed()  # beside the frame: half of it at most, for the newest messages
+    sofar = trimmed(sofar, min(int(a.limit * SOFAR_SHARE), room // 2), pipeline.count)
+    if not sofar.history:
+        return pipeline.render(fitted)
+    told_a = replace(a, recap=(Part("history", scene=sofar),), level=1, case=4)
+    tokens = fitted.pricer.exact(told_a)
+    if tokens > a.limit:
+        return Built(told_a, fitted.budget, pipeline.count.name, None)
+    costs = {**a.costs, "recap": tokens - a.tokens}
+    return pipeline.render(replace(fitted, assembly=replace(told_a, tokens=tokens, costs=costs)))
 
 
 def newest_that_fit(
-    pipeline: Pipeline, story: Story, roomy: Callable[[Built], bool] = lambda built: True
+    pipeline: Pipeline, story: Story, roomy: Callable[[Built], bool] = _any, *, told: bool = False
 ) -> tuple[int, Built]:
-    """The most of the chat's newest messages that fit beside its frame (and are `roomy`), found
-    by halving: the newest k fit for every k below the most that do; (0, the build of the newest
-    one alone) when not even it fits."""
+    """The most of the chat's newest messages that fit beside its frame (after the story so far,
+    when `told`) and are `roomy`, found by halving: the newest k fit for every k below the most
+    that do; (0, the build of the newest one alone) when not even it fits."""
 
     def fits(built: Built) -> bool:
         return built.prompt is not None and roomy(built)
 
-    best = _newest(pipeline, story, 1)
+    best = _newest(pipeline, story, 1, told=told)
     if not fits(best):
         return 0, best
     low, high = 1, len(story.messages) + 1  # the newest `low` fit; `high` do not (or are more than there are)
     while high - low > 1:
         mid = (low + high) // 2
-        tried = _newest(pipeline, story, mid)
+        tried = _newest(pipeline, story, mid, told=told)
         if fits(tried):
             low, best = mid, tried
         else:

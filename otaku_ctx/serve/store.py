@@ -38,6 +38,7 @@ from ..story.sidecar import SUFFIX, Judged, Record, judge, read_sidecar
 from ..story.speakers import Speakers
 from ..summarize import Cutting, pack
 from ..summarize.extract import history_extract, summary_extract
+from ..summarize.run import words_for
 from ..tokens import common_length
 from .chats import digest
 from .session import Known, Session
@@ -146,11 +147,13 @@ class Store:
             self._writers[chosen] = weakref.ref(session)
         session.sidecar.place("" if chosen == main else chosen)
 
-    def story(self, session: Session, story: Story, *, hold: bool) -> Story:
+    def story(self, session: Session, story: Story, *, hold: bool, window: int | None = None) -> Story:
         """The chat with its scenes: the sidecar's records that still tell its messages, then
-        provisional ones up to its settled end. `hold`: the summarizer is writing this chat's
-        summaries, so the turn assembles with the records of the turn before (the model's
-        summaries come in at once when it is done, one change of the prompt, not one a scene)."""
+        provisional ones up to its settled end, told in the words the backend's `window` carries
+        (`summarize.words_for`: what the summarizer asks its model for, too). `hold`: the
+        summarizer is writing this chat's summaries, so the turn assembles with the records of
+        the turn before (the model's summaries come in at once when it is done, one change of
+        the prompt, not one a scene)."""
         sidecar = session.sidecar
         if hold and sidecar.held is not None:
             records = sidecar.held
@@ -171,7 +174,8 @@ class Store:
             settled = len(story.messages) - self.cutting.settle
             if covered >= settled or not pack(story.messages[covered:settled], self.cutting):
                 return replace(story, scenes=known[2])
-        scenes = scenes_of(session, story, judged, self.cutting, self.words)
+        words = words_for(window, *self.words) if window else self.words
+        scenes = scenes_of(session, story, judged, self.cutting, words)
         sidecar.keep_scenes(story.messages, judged, scenes)
         return replace(story, scenes=scenes)
 

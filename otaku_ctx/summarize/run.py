@@ -37,6 +37,19 @@ DEFAULT_WINDOW = 8192  # when neither --window, the config nor the server says
 SPARE = 0.15  # of the window, kept free: the model's tokenizer may count more than ctx's
 PER_MESSAGE = 8  # tokens a chat template adds around each message, about
 TOKENS_PER_WORD = 2  # max_tokens asked per word wanted: room for any language, and the JSON
+#: the share of the window a scene's summary and a history may take, and the fewest words either is given
+SUMMARY_SHARE, HISTORY_SHARE, LEAST_WORDS = 1 / 16, 1 / 8, 40
+
+
+def words_for(window: int, summary_words: int, history_words: int) -> tuple[int, int]:
+    """A scene summary's and a history's words at `window` (`Options.for_window`)."""
+
+    def share(of: float, configured: int) -> int:
+        return min(configured, max(LEAST_WORDS, int(window * of / TOKENS_PER_WORD)))
+
+    return share(SUMMARY_SHARE, summary_words), share(HISTORY_SHARE, history_words)
+
+
 TEMPERATURE_STEP = 0.3  # each attempt after the first asks this much warmer
 TOP_TEMPERATURE = 1.2
 CHARS_PER_WORD = 12  # a summary or history is taken up to this many characters a word asked for
@@ -59,6 +72,14 @@ class Options:
     repeat_penalty: float = 0.0
     attempts: int = 3
     fallback: str = "extract"  # when no reply would do: "extract" (extract.py), or "none" (the scene is missing)
+
+    def for_window(self, window: int) -> Options:
+        """The lengths a `window` carries (docs/decisions.md, "Summary lengths follow the
+        window"): a scene's summary at most `SUMMARY_SHARE` of it and a history `HISTORY_SHARE`,
+        in words at `TOKENS_PER_WORD` (what a reply is given), never above the configured words
+        nor below `LEAST_WORDS`: at 4,096, 128 and 200 words; at 2,048, 64 and 128."""
+        summary, history = words_for(window, self.summary_words, self.history_words)
+        return replace(self, summary_words=summary, history_words=history)
 
     @property
     def summary_tokens(self) -> int:
@@ -130,6 +151,11 @@ class Prompts:
     def __init__(self, summary: Prompt, history: Prompt, options: Options, count: TokenCounter) -> None:
         self.summary, self.history, self.options, self.count = summary, history, options, count
 
+    def at(self, window: int) -> Prompts:
+        """These prompts asking for the lengths `window` carries (`Options.for_window`)."""
+        options = self.options.for_window(window)
+        return self if options == self.options else Prompts(self.summary, self.history, options, self.count)
+
     def tokens(self, messages: list[dict[str, str]]) -> int:
         return sum(self.count(m["content"]) + PER_MESSAGE for m in messages)
 
@@ -175,7 +201,9 @@ def plan(
     redo: frozenset[int] = frozenset(),
 ) -> Plan:
     """What this run will do, and every request it will send, without sending one. The scenes
-    starting at `redo` are done again as if stale (`ctx scenes --redo`)."""
+    starting at `redo` are done again as if stale (`ctx scenes --redo`). The summaries and
+    histories are asked at the lengths the window carries (`Prompts.at`)."""
+    prompts = prompts.at(window)
     options, cutting = prompts.options, prompts.options.cutting
     usable = usable_tokens(window)
     judged = judge(story, records)
@@ -512,6 +540,7 @@ def run(
 ) -> Report:
     """Do the plan: each finished scene is handed to `save` (every scene of the run as it
     stands, for `commits.Commits` to merge into the sidecar) before the next request starts."""
+    prompts = prompts.at(plan.window)
     story, options = plan.story, prompts.options
     progress = progress or Progress()
     progress.total = len(plan.requests)
