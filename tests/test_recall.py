@@ -3,6 +3,7 @@ rule, where recalled text goes, what the stable policy keeps, and that it never 
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from otaku_ctx.assemble import Assembly, Part
 from otaku_ctx.assemble.recall import NEWEST, Recall, candidates, fill, rank
-from otaku_ctx.build import Pipeline
+from otaku_ctx.build import Built, Pipeline
 from otaku_ctx.config import ContextSettings, ModelSettings, PromptSettings, Settings
 from otaku_ctx.report import describe
 from otaku_ctx.story.model import Message, Scene, Story
@@ -52,10 +53,10 @@ def test_a_late_question_recalls_the_early_message_that_answers_it() -> None:
     a = built.assembly
     assert a.recap and [p.message.number for p in a.recall if p.message] == [30]
     assert a.tokens <= a.limit == without.assembly.limit
-    # after the recap, before the tail, headed with what it is
+    # just before the newest user message (199: Tobias asks at 200), headed with what it is
     texts = [b.text for b in built.blocks]
     at = next(i for i, t in enumerate(texts) if t.startswith("[Earlier, message 30 · Tobias]\n" + FACT))
-    assert texts[at - 1].startswith("[Scene ") and texts[at + 1].endswith(a.tail[0].content)
+    assert texts[at - 1].endswith(told.messages[197].content) and texts[at + 1].endswith(told.messages[198].content)
     said = describe(a.steps[-1])
     assert said.startswith("recall: 1 of") and "message 30 (Tobias): moved, sister, tallinn" in said
 
@@ -105,22 +106,27 @@ def test_recall_never_makes_a_story_refused_nor_touches_one_that_fits() -> None:
     assert Pipeline(settings(window=380, recall=0.5)).build(story()).prompt == tight.prompt  # ...and gets it
 
 
-def test_under_the_stable_policy_the_recall_holds_from_turn_to_turn() -> None:
-    """The query is the newest messages at the turn the shape was taken: the next turns, with
-    the same shape, recall the same (the prompt's prefix holds), though a newer message asks of
-    something else; the exact policy recalls it at once."""
+def test_each_turn_s_question_is_answered_and_the_prompt_before_it_holds() -> None:
+    """Under either policy each turn's own newest messages ask: a question asked at 197 recalls
+    what answers it at 197. What is recalled stands just before the newest user message, so
+    under the stable policy the prompt up to it is the turn before's, whatever was recalled."""
     ferry = {190: QUESTION, 40: "I took the Bergen ferry on Sunday.", 197: "And which ferry did you take?"}
     told = story(200, facts=ferry)
 
-    def turns(cache: str) -> list[tuple[Part, ...]]:
+    def turns(cache: str) -> list[Built]:
         pipeline = Pipeline(settings(cache=cache))
-        built = [pipeline.build(replace(told, messages=told.messages[:n])) for n in (196, 197, 198)]
+        built = [pipeline.build(replace(told, messages=told.messages[:n])) for n in (195, 197, 199)]
         assert len({(len(b.assembly.recap), b.assembly.level) for b in built}) == 1  # one shape throughout
-        return [b.assembly.recall for b in built]
+        return built
 
-    stable, exact = turns("stable"), turns("exact")
-    assert stable[0] == stable[1] == stable[2] and stable[0]
-    assert exact[0] != exact[1] and 40 in {p.message.number for p in exact[1] if p.message}
+    for cache in ("stable", "exact"):
+        built = turns(cache)
+        recalled = [{p.message.number for p in b.assembly.recall if p.message} for b in built]
+        assert 30 in recalled[0] and 40 not in recalled[0] and 40 in recalled[1], cache
+    stable = [[b.text for b in built.blocks] for built in turns("stable")]
+    for before, after in itertools.pairwise(stable):
+        kept = [t for t in before if not t.startswith("[Earlier")][:-2]  # less its question and open turn
+        assert after[: len(kept)] == kept
 
 
 @pytest.mark.parametrize("template", ["serene", "default"])

@@ -39,7 +39,6 @@ from .recall import Recall, recalled
 from .search import Search
 from .sections import capped_sum, cards_in, covered_chain, head, recap_at_level, rungs, tail
 from .stable import Stable
-from .steps import Held
 
 __all__ = [
     "CACHES",
@@ -115,11 +114,12 @@ def assemble(
     if kept and not _verbatim_fits(story, shape, limit, reserve, pricer):
         found = search(limit - kept)
         if found.refusal is None and found.recap:
-            # the stable policy asks the newest messages of the turn its shape was taken, so what is
-            # recalled changes only with the recap, within the share kept (the tail grows into the rest)
-            at = next((s.since for s in found.steps if isinstance(s, Held)), len(story)) if stable else len(story)
+            # the newest messages of this turn ask (what is recalled stands just before the newest user
+            # message, so the prefix holds whatever it is); the stable policy keeps to the share kept, so
+            # the tail grows into the rest from turn to turn
             budget = kept if stable else limit - found.tokens
-            found = recalled(story, replace(found, limit=limit), pricer, recall, limit=limit, at=at, budget=budget)
+            found = replace(found, limit=limit)
+            found = recalled(story, found, pricer, recall, limit=limit, at=len(story), budget=budget)
             return replace(found, case=classify(found, shape))
     found = search(limit)
     return replace(found, case=classify(found, shape))

@@ -18,12 +18,13 @@ TF-IDF weight, the names among them, the query's speakers it shares, and how rec
 query used them. A candidate that shares no rare word is not recalled. They are filled in rank
 order within the caps and `Recall.share` of the limit, which the cases leave free for them.
 
-Where they go: after the recap, before the tail — history entries in relevance order, then
-messages in story order, each with who spoke and when. The prefix the cases keep from turn to
-turn (system, head, recap) is before them. Under the stable cache policy the query is the
-newest messages *at the turn the held shape was taken* (`Held.since`), so what is recalled
-changes only when the recap does and the prompt's prefix holds; the exact policy asks each
-turn's own newest messages.
+Where they go: just before the newest user message (after the recap when the tail holds
+none) — history entries in relevance order, then messages in story order, each with who spoke
+and when (`render/variables.py`). Each turn's own newest messages ask, so the question just
+asked is answered; and since what is recalled stands after everything the turn before sent, the
+prompt's prefix (system, head, recap, the tail up to the question) holds from turn to turn, and
+a change of what is recalled costs only itself (SillyTavern's Vector Storage puts its "past
+events" at depth 2 for the same reason).
 
 A pure function of the story and the assembly: no I/O, no clock.
 """
@@ -46,6 +47,8 @@ from .steps import Recalled
 
 #: the newest messages: always in the prompt (never recalled), and what a candidate is scored against
 NEWEST = 10
+#: what a word of the newest user message weighs beyond its recency: the question the reply answers
+QUESTION = 2.0
 #: seed 000's caps of the pools here (its lore's, 20 and 15, are `lore/`'s)
 MOST_HISTORY = 10
 MOST_MESSAGES = 50
@@ -192,9 +195,10 @@ def rank(pool: Pool, query: Sequence[Message]) -> list[Ranked]:
     """The candidates that share a rare word with the query, best first (ties: the earlier).
 
     A query word weighs by how recently it was said: 1 in the newest message, 1/2 in the one
-    before, and so on, added over the messages that say it (the newest message is what the
-    reply answers). A candidate scores the weights of its rare words (its hits) and of its
-    names among them, their TF-IDF (the weight times the word's rarity among the candidates),
+    before, and so on, added over the messages that say it, and `QUESTION` more in the newest
+    user message (what the reply answers: the player's question). A candidate scores the
+    weights of its rare words (its hits) and of its names among them, their TF-IDF (the weight
+    times the word's rarity among the candidates),
     the query's speakers it shares, and the recency of the newest query message it answers.
     Only the candidates holding a rare word are read: through the story's word index, the
     cost is the query's rare words' messages, not the story's."""
@@ -202,9 +206,10 @@ def rank(pool: Pool, query: Sequence[Message]) -> list[Ranked]:
     age: dict[str, int] = {}  # each query word's newest message, 0 the newest
     named: set[str] = set()
     speakers = {m.name.lower() for m in query if m.name}
+    question = next((m for m in reversed(query) if m.role == "user"), None)
     for n, m in enumerate(reversed(query)):
         for w in words_of(m.content):
-            asked[w] = asked.get(w, 0.0) + 1 / (1 + n)
+            asked[w] = asked.get(w, 0.0) + 1 / (1 + n) + (QUESTION if m is question else 0.0)
             age.setdefault(w, n)
         named |= names_of(m.content)
     if pool.size <= 0 or not asked:

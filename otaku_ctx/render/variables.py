@@ -227,7 +227,9 @@ class Variables:
         post-history reminder): the pricer's stand-in chats are short, so those would land
         elsewhere than in the prompt; their cost is in the frame's."""
         head_e = [self.entry(p) for p in head]
-        recap_e = [self.entry(p) for p in recap]
+        entries = [self.entry(p) for p in recap]
+        recap_e = [e for e in entries if e["kind"] != "recall"]
+        recalled = [e for e in entries if e["kind"] == "recall"]
         tail_e = [self.entry(p) for p in tail]
         chat = head_e + recap_e + tail_e
         # Position 4: `depth` messages from the end, never above the tail's first message.
@@ -237,6 +239,12 @@ class Variables:
             at = max(top, len(chat) - depth)
             chat.insert(at, {"role": role, "name": "", "message": text, "kind": "lore", "number": None,
                              "scene": None, "title": ""})  # fmt: skip
+        # What the newest messages recall goes just before the newest user message (after the recap
+        # when the tail has none): it changes with each turn's question, and there it costs only itself,
+        # the prompt before it as the turn before sent it (SillyTavern's Vector Storage: depth 2).
+        users = (i for i in range(len(chat) - 1, top - 1, -1) if chat[i]["kind"] == "message")
+        at = next((i for i in users if chat[i]["role"] == "user"), top)
+        chat[at:at] = recalled
         chat.append(self.open_turn)
         history = next((e for e in recap_e if e["kind"] == "history"), None)
         summaries, cards_before = [], []
@@ -256,18 +264,20 @@ class Variables:
         ]
         # seed 000's `history`: then the recalled history entries by relevance, and the recalled
         # messages (its template shows no system entry of chatMessages)
-        for e in recap_e:
-            if e["kind"] == "recall" and e["scene"] is not None:
+        for e in recalled:
+            if e["scene"] is not None:
                 recap_list.append({"scene": e["scene"], "title": e["title"], "summary": e["text"]})
-        for e in recap_e:
-            if e["kind"] == "recall" and e["number"] is not None:
+        for e in recalled:
+            if e["number"] is not None:
                 recap_list.append({"message": e["number"], "name": e["speaker"], "text": e["text"]})
         variables = dict(self.fixed)
         variables.update(
             {
                 "head": head_e,
                 "tail": tail_e,
-                "recap": {"history": history, "summaries": summaries, "floatedCards": floated} if recap_e else None,
+                "recap": {"history": history, "summaries": summaries, "floatedCards": floated}
+                if recap_e or recalled
+                else None,
                 "floatedCards": floated,
                 "summaries": summaries,
                 "chatMessages": chat,

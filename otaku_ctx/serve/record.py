@@ -28,10 +28,18 @@ def say_shape(session: Session, assembled: Assembled, setup: Setup) -> None:
     if assembled.messages is None or (not assembled.rung and assembled.truncated is None):
         return
     c, given = setup.rungs[min(assembled.rung, len(setup.rungs) - 2)].context, setup.settings.context
-    if assembled.truncated is not None:
+    if assembled.truncated is not None and assembled.sofar:
         said = (
-            f"the window holds no head of {c.head_messages} and tail of {c.tail_floor} beside the frame: the"
-            " newest messages that fit are sent"
+            f"the window holds no head of {c.head_messages} and tail of {c.tail_floor} beside the frame: the story"
+            " so far and the newest messages that fit are sent"
+        )
+    elif assembled.truncated is not None:
+        a = assembled.built.assembly
+        room = a.limit - a.costs.get("fixed", 0)
+        said = (
+            f"the window holds no head of {c.head_messages} and tail of {c.tail_floor} beside the frame, nor the"
+            f" story so far beside the newest message (the frame leaves {room:,} of the limit's {a.limit:,} tokens):"
+            " the newest messages that fit are sent alone; a larger window or a shorter card keeps the story"
         )
     else:
         said = (
