@@ -44,14 +44,21 @@ Deterministic: the same table every run, whatever the machine.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
 import sys
+import tempfile
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # serve_bench's stand-in backend
+
+from serve_bench import ENCODING, Slot, _post, prompt_tokens
+from serve_bench import drop_oldest as newest_messages
 
 from otaku_ctx.build import Pipeline
 from otaku_ctx.config import ContextSettings, ModelSettings, Settings
@@ -423,11 +430,99 @@ def measure(windows: tuple[int, ...], every: int, share: float = RECALL) -> list
     return rows
 
 
+# ── Through `ctx serve`, played turn by turn ─────────────────────────────────────────────
+
+#: the chat's length at serve's first request (its first turn), then every user turn to the end
+SERVED_FROM = 600
+FRAME_WORDS = "The harbour town keeps its own hours, and Tobias knows every one of them by heart."
+
+
+def frame(tokens: int) -> str:
+    """The system message, padded to about `tokens` tokens (a character card's size)."""
+    text = "Mara and Tobias talk every week. Reply as Tobias."
+    while tokens and len(ENCODING.encode(text)) < tokens:
+        text += " " + FRAME_WORDS
+    return text
+
+
+def served(window: int, frame_tokens: int = 0, share: float | None = None) -> dict[str, Any]:
+    """The story's chat sent through `ctx serve` (its defaults; `share`: `[context] recall` set)
+    to a stand-in backend of `window` tokens, as a frontend sends it: every user turn from
+    message `SERVED_FROM`, the whole chat each time, no summaries but serve's own extracts. For
+    each question, whether its answer is in the prompt forwarded at the turn it is asked, and in
+    the newest messages that fit the same tokens (drop-oldest); for every turn, whether it holds
+    a story so far."""
+    home = tempfile.mkdtemp(prefix="recall-bench-")
+    os.environ["OTAKU_HOME"] = home
+    from otaku_ctx.config import ContextSettings, ServeSettings
+    from otaku_ctx.serve.http import Service
+    from otaku_ctx.serve.listen import Running
+
+    base, facts, questions = story()
+    by_question = {f.question: f for f in facts}
+    system = {"role": "system", "content": frame(frame_tokens)}
+    messages = [{"role": m.role, "name": m.name, "content": m.content} for m in base.messages]
+    backend = Recording()
+    backend.window = window
+    backend.start()
+    context = ContextSettings() if share is None else ContextSettings(recall=share)
+    sources = {} if share is None else {"context.recall": "config"}
+    settings = Settings(context=context, serve=ServeSettings(backend=backend.url, port=0, summarize=False))
+    running = Running(Service(replace(settings, sources=sources)))
+    found = {"ctx serve": 0, "drop-oldest": 0}
+    told = turns = 0
+    try:
+        for n in range(SERVED_FROM + 1, len(messages) + 1):
+            if messages[n - 1]["role"] != "user":
+                continue
+            _post(running.url + "/chat/completions", {"model": "bench", "messages": [system, *messages[:n]],
+                                                       "max_tokens": RESERVE})  # fmt: skip
+            sent = backend.sent
+            turns += 1
+            told += any(m["content"].startswith("[Story so far") for m in sent)
+            if n not in questions:
+                continue
+            question = base.messages[n - 1].content.removeprefix("Wait, remind me. ")
+            answer = by_question[question].answer
+            dropped = newest_messages([system, *messages[:n]], len(prompt_tokens(sent)))
+            found["ctx serve"] += present(answer, "\n".join(m["content"] for m in sent))
+            found["drop-oldest"] += present(answer, "\n".join(m["content"] for m in dropped))
+    finally:
+        running.stop()
+        backend.stop()
+    cached = sum(share >= 0.9 for share in backend.shares[1:]) / max(1, len(backend.shares) - 1)
+    return {"found": found, "questions": len(questions), "turns": turns, "told": told, "cached": cached}
+
+
+class Recording(Slot):
+    """The stand-in backend of serve_bench, keeping the last prompt it was sent."""
+
+    sent: list[dict[str, Any]] = []
+    shares: list[float] = []  # each prompt's share its slot had cached
+
+    def reuse(self, messages: list[dict[str, Any]]) -> tuple[int, int]:
+        self.sent = messages
+        cached, processed = super().reuse(messages)
+        self.shares = [*self.shares, cached / (cached + processed)]
+        return cached, processed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="one window, every fourth question")
     parser.add_argument("--recall", type=float, default=RECALL, help=f"the share of the limit (default {RECALL})")
+    parser.add_argument("--serve", action="store_true", help="through ctx serve with its defaults, turn by turn")
     args = parser.parse_args()
+    if args.serve:
+        for window, frame_tokens in ((8192, 0), (4096, 1500)):
+            got = served(window, frame_tokens)
+            ctx, dropped, asked = got["found"]["ctx serve"], got["found"]["drop-oldest"], got["questions"]
+            print(
+                f"{window:,} window, {frame_tokens:,}-token frame: answer in the prompt at the turn asked "
+                f"{ctx}/{asked} through ctx serve, {dropped}/{asked} drop-oldest; a story so far in "
+                f"{got['told']}/{got['turns']} turns; ≥ 90 % cached on {got['cached']:.0%} of turns after the first"
+            )
+        return
     rows = measure(WINDOWS[:1], 4, args.recall) if args.smoke else measure(WINDOWS, 1, args.recall)
     print("answer present (of the facts planted in the first 12 weeks) · evidence verbatim, of the questions asked")
     print("| summaries | window | ctx | ctx + pools | drop-oldest (ctx + pools' tokens) |")

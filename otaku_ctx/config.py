@@ -607,4 +607,4 @@ def default_toml() -> str:
 #: the settings whose default in `ctx serve` is its own (a server's chat keeps its prefix, and
 #: carries the names its frontend sent): serve takes these while the setting is unset, and a
 #: value the user set wherever it is set; `config init` writes them commented out
-SERVE_DEFAULTS: dict[str, Any] = {"context.cache": "stable", "prompt.speakers": "as_given"}
+SERVE_DEFAULTS: dict[str, Any] = {"context.cache": "stable", "context.recall": 0.03, "prompt.speakers": "as_given"}

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import test_serve
 
 from otaku_ctx.assemble import Assembly, Part
 from otaku_ctx.assemble.recall import NEWEST, Recall, candidates, fill, rank
 from otaku_ctx.build import Built, Pipeline
 from otaku_ctx.config import ContextSettings, ModelSettings, PromptSettings, Settings
 from otaku_ctx.report import describe
+from otaku_ctx.serve.http import Service
+from otaku_ctx.serve.listen import Running
 from otaku_ctx.story.model import Message, Scene, Story
 
 FILLER = ["We talked about the weather and the week, nothing much.", "The week was long and the weather was grey."]
@@ -175,3 +179,35 @@ def test_the_word_index_follows_the_story_it_is_asked_of() -> None:
         for word in ("tallinn", "sister", "ferry", "bergen", "weather", "trip"):
             found = [m.number for m in told.messages if word in words_of(m.content)]
             assert list(index.holding(word, 1, len(told.messages))) == found, (word, len(told.messages))
+
+
+stand_in = test_serve.stand_in  # the stand-in backend, as test_serve's tests have it
+
+
+def test_serve_recalls_by_default_what_the_question_just_asked_needs(
+    stand_in: test_serve.StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Through `ctx serve` with its defaults (recall 0.03): a fact said at message 30 and asked
+    at the last user message, 170 messages on, is in the prompt forwarded at that very turn,
+    just before the question; the log line and `/ctx/stats` name it by number, not by its words."""
+    stand_in.window = 2048
+    messages = test_serve.chat(200)
+    messages[30]["content"] = "I took the Bergen ferry on Sunday, the one with the red funnel."
+    running = Running(Service(test_serve.settings_for(stand_in.url)))
+    try:
+        with caplog.at_level(logging.INFO, logger="otaku_ctx.serve"):
+            for n in (180, 190, 200):  # a chat played on; the question comes at its last turn
+                asked = [*messages[: n + 1]]
+                if n == 200:
+                    asked[-1] = {"role": "user", "name": "Mara", "content": "Which ferry did you take, again?"}
+                test_serve.client(running).chat.completions.create(model="m", messages=asked, max_tokens=100)
+        sent = stand_in.bodies[-1]["messages"]
+        at = next(i for i, m in enumerate(sent) if "Bergen ferry" in m["content"])
+        assert sent[at]["content"].startswith("[Earlier, message 30 · Mara]") and sent[at + 1] == {
+            "role": "user", "content": "Mara: Which ferry did you take, again?"}  # fmt: skip
+        turns = json.loads(test_serve._get(running, "/ctx/stats"))["chats"][0]["turns"]
+        assert "message 30" in turns[-1]["recalled"] and "message 30" not in turns[0]["recalled"]
+        line = [r.getMessage() for r in caplog.records if "turn 3 ·" in r.getMessage()]
+        assert line and "recalled message 30" in line[0] and "ferry" not in line[0]
+    finally:
+        running.stop()

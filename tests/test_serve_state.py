@@ -18,6 +18,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from test_serve import StandIn, chat, settings_for
 
+from otaku_ctx.config import Settings
 from otaku_ctx.serve import session as state
 from otaku_ctx.serve.chats import ChatError
 from otaku_ctx.serve.http import Service
@@ -286,17 +287,19 @@ def test_each_failure_says_its_status_type_and_code_the_same_in_both_encodings()
 
 
 def test_serve_takes_its_own_defaults_only_where_the_user_set_nothing(tmp_path: Path) -> None:
-    """`cache` and `speakers` unset: serve's "stable" and "as_given"; set in a config, even to
-    `ctx build`'s own defaults, the user's values stand; `config init` leaves both unset."""
+    """`cache`, `recall` and `speakers` unset: serve's "stable", 0.03 and "as_given"; set in a
+    config, even to `ctx build`'s own defaults, the user's values stand; `config init` leaves
+    them unset."""
     from otaku_ctx.config import default_toml, load_settings
     from otaku_ctx.serve.setup import serving
 
-    unset = serving(load_settings())
-    assert (unset.context.cache, unset.prompt.speakers) == ("stable", "as_given")
+    def chosen(s: Settings) -> tuple[str, float, str]:
+        return s.context.cache, s.context.recall, s.prompt.speakers
+
+    assert chosen(serving(load_settings())) == ("stable", 0.03, "as_given")
+    assert load_settings().context.recall == 0.0  # ctx build's own: otaku's cases as they are
     written = tmp_path / "config.toml"
     written.write_text(default_toml(), encoding="utf-8")
-    initialised = serving(load_settings(written, explicit=True))
-    assert (initialised.context.cache, initialised.prompt.speakers) == ("stable", "as_given")
-    written.write_text('[context]\ncache = "exact"\n[prompt]\nspeakers = "labelled"\n', encoding="utf-8")
-    chosen = serving(load_settings(written, explicit=True))
-    assert (chosen.context.cache, chosen.prompt.speakers) == ("exact", "labelled")
+    assert chosen(serving(load_settings(written, explicit=True))) == ("stable", 0.03, "as_given")
+    written.write_text('[context]\ncache = "exact"\nrecall = 0.0\n[prompt]\nspeakers = "labelled"\n', encoding="utf-8")
+    assert chosen(serving(load_settings(written, explicit=True))) == ("exact", 0.0, "labelled")

@@ -49,6 +49,8 @@ from .steps import Recalled
 NEWEST = 10
 #: what a word of the newest user message weighs beyond its recency: the question the reply answers
 QUESTION = 2.0
+#: the ranked candidates too long for the budget left that `fill` passes over before it stops
+MOST_PASSED = 16
 #: seed 000's caps of the pools here (its lore's, 20 and 15, are `lore/`'s)
 MOST_HISTORY = 10
 MOST_MESSAGES = 50
@@ -251,20 +253,24 @@ def _text(part: Part) -> str:
 
 
 def fill(ranked: Sequence[Ranked], budget: int, pricer: Pricer, recall: Recall) -> list[Ranked]:
-    """The ranked candidates taken in order until the next does not fit `budget` (seed 000:
-    "until ... the available token budget is reached"); one whose kind's cap is reached is
-    passed over."""
+    """The ranked candidates taken in order until the budget is reached (seed 000: "until ...
+    the available token budget is reached"): one whose kind's cap is reached, or too long for
+    what is left of `budget` (a scene's summary where a message would fit), is passed over —
+    `MOST_PASSED` of those at most, so a long ranking is not priced to its end."""
     caps = {"history": recall.history, "message": recall.messages}
     taken: Counter[str] = Counter()
     chosen: list[Ranked] = []
-    spent = 0
+    spent = passed = 0
     for item in ranked:
         kind = "message" if item.part.message else "history"
         if taken[kind] >= caps[kind]:
             continue
         cost = pricer.recap_part(item.part)
         if spent + cost > budget:
-            break
+            passed += 1
+            if passed >= MOST_PASSED:
+                break
+            continue
         chosen.append(item)
         spent += cost
         taken[kind] += 1

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..assemble import Part
+from ..assemble.recall import recalled
 from ..build import Built, Pipeline
 from ..config import Settings
 from ..story.model import Scene, Story
@@ -171,8 +172,10 @@ ROOM = 0.25
 
 
 def roomy(built: Built) -> bool:
-    """Whether the prompt leaves `ROOM` of its limit free."""
-    return built.assembly.tokens <= (1 - ROOM) * built.assembly.limit
+    """Whether the prompt leaves `ROOM` of its limit free, what it recalls aside (that gives way
+    to the messages as they come)."""
+    a = built.assembly
+    return a.tokens - a.costs.get("recall", 0) <= (1 - ROOM) * a.limit
 
 
 def truncated(
@@ -232,8 +235,10 @@ def trimmed(scene: Scene, tokens: int, count: TokenCounter) -> Scene:
 
 def _newest(pipeline: Pipeline, story: Story, k: int, *, told: bool = False) -> Built:
     """The build of the story's newest `k` messages alone (renumbered from 1, no scenes); `told`:
-    after the story so far up to them (`story_so_far`, trimmed to `SOFAR_SHARE` of the limit),
-    when there is one — an unfitting build (no prompt) when it and they do not fit."""
+    after the story so far up to them (`story_so_far`, trimmed to `SOFAR_SHARE` of the limit and
+    half the room the frame leaves), when there is one, and with what the newest messages recall
+    of the story before them (`assemble.recall`, in the room left, when recall is on) — an
+    unfitting build (no prompt) when the story so far and they do not fit."""
     renumbered = tuple(replace(m, number=i) for i, m in enumerate(story.messages[-k:], 1))
     short = replace(story, messages=renumbered, scenes=())
     sofar = story_so_far(story, len(story.messages) - k + 1) if told else None
@@ -247,12 +252,18 @@ def _newest(pipeline: Pipeline, story: Story, k: int, *, told: bool = False) -> 
     sofar = trimmed(sofar, min(int(a.limit * SOFAR_SHARE), room // 2), pipeline.count)
     if not sofar.history:
         return pipeline.render(fitted)
-    told_a = replace(a, recap=(Part("history", scene=sofar),), level=1, case=4)
-    tokens = fitted.pricer.exact(told_a)
+    # the chat's own numbers from here on: what is recalled is named by them ("message 1,234")
+    history = (Part("history", scene=sofar),)
+    plan = replace(a, messages=len(story.messages), recap=history, tail=story.messages[-k:], level=1, case=4)
+    tokens = fitted.pricer.exact(plan)
     if tokens > a.limit:
-        return Built(told_a, fitted.budget, pipeline.count.name, None)
-    costs = {**a.costs, "recap": tokens - a.tokens}
-    return pipeline.render(replace(fitted, assembly=replace(told_a, tokens=tokens, costs=costs)))
+        return Built(plan, fitted.budget, pipeline.count.name, None)
+    plan = replace(plan, tokens=tokens, costs={**a.costs, "recap": tokens - a.tokens})
+    if pipeline.recall.share:
+        budget = min(pipeline.recall.reserve(a.limit), a.limit - tokens)
+        at = len(story.messages)
+        plan = recalled(story, plan, fitted.pricer, pipeline.recall, limit=a.limit, at=at, budget=budget)
+    return pipeline.render(replace(fitted, assembly=plan))
 
 
 def newest_that_fit(

@@ -8,6 +8,8 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..assemble import Assembly
+from ..assemble.steps import Recalled
 from .assemble import Assembled
 from .chats import Said
 from .errors import DoesNotFit
@@ -86,18 +88,28 @@ def record(session: Session | None, assembled: Assembled, usage: Usage, seconds:
     """A turn's end: kept in its chat's stats, and its one log line."""
     a = assembled.built.assembly
     turn = Turn(assembled.held, a.case, a.tokens, a.limit, usage.prompt_tokens, usage.cached, round(seconds, 4),
-                cancelled)  # fmt: skip
+                cancelled, recalled_of(a))  # fmt: skip
     cached = f"{turn.cached:,} cached" if turn.cached is not None else "cache not reported"
     stopped = " · stopped by the client" if cancelled else ""
     if session is None:
         log.info("a one-message probe · %s tokens sent · %s%s", f"{a.tokens:,}", cached, stopped, extra=EVERY)
         return
     number = session.stats.add(turn)
+    recalled = f" · recalled {', '.join(turn.recalled)}" if turn.recalled else ""
     log.info(
-        "chat %s · turn %d · %d messages · case %d · %s tokens sent (limit %s) · %s · ctx %.3f s%s",
-        session.key[:12], number, turn.messages, a.case, f"{a.tokens:,}", f"{a.limit:,}", cached, seconds, stopped,
-        extra=EVERY,
+        "chat %s · turn %d · %d messages · case %d · %s tokens sent (limit %s) · %s · ctx %.3f s%s%s",
+        session.key[:12], number, turn.messages, a.case, f"{a.tokens:,}", f"{a.limit:,}", cached, seconds, recalled,
+        stopped, extra=EVERY,
     )  # fmt: skip
+
+
+def recalled_of(a: Assembly) -> tuple[str, ...]:
+    """What the turn's newest messages recalled, by number ("message 38", "scene 9"), best first
+    (`inspect --explain` says why each was: `report.py`)."""
+    step = next((s for s in reversed(a.steps) if isinstance(s, Recalled)), None)
+    if step is None:
+        return ()
+    return tuple(f"{kind} {ref:,}" if isinstance(ref, int) else f"{kind} {ref}" for kind, ref, *_ in step.taken)
 
 
 def stats_of(sessions: Sessions) -> dict[str, Any]:

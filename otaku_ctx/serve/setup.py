@@ -33,8 +33,9 @@ LONG_CHAT = 5000
 
 def serving(settings: Settings) -> Settings:
     """serve's own defaults (`config.SERVE_DEFAULTS`) where the user set nothing: the stable cache
-    policy (a server's chat is what it is for) and messages labelled only with the names the
-    frontend sent (`[prompt] speakers = "as_given"`). A value the user set, in the config or on
+    policy (a server's chat is what it is for), recall on (seed 000: an infill engine is always
+    active; docs/lore.md) and messages labelled only with the names the frontend sent
+    (`[prompt] speakers = "as_given"`). A value the user set, in the config or on
     the command line, is theirs: `cache = "exact"` is honoured, and said once."""
     unset = {k: v for k, v in SERVE_DEFAULTS.items() if settings.sources.get(k, "default") == "default"}
     context, prompt = settings.context, settings.prompt
@@ -46,6 +47,8 @@ def serving(settings: Settings) -> Settings:
             " start as the chat grows; unset it for serve's \"stable\", which keeps the backend's cache",
             settings.sources["context.cache"],
         )
+    if "context.recall" in unset:
+        context = replace(context, recall=unset["context.recall"])
     if "prompt.speakers" in unset:
         prompt = replace(prompt, speakers=unset["prompt.speakers"])
     return replace(settings, context=context, prompt=prompt)

@@ -69,7 +69,8 @@ class StreamUsage(Usage):
 @dataclass(frozen=True)
 class Turn:
     """One chat request: the messages it held, the case, the tokens sent by ctx's count (within
-    `limit`), what the backend counted and had cached, and ctx's own seconds."""
+    `limit`), what the backend counted and had cached, ctx's own seconds, and what was recalled
+    (by number: never a chat's text)."""
 
     messages: int
     case: int
@@ -79,6 +80,7 @@ class Turn:
     cached: int | None
     seconds: float
     cancelled: bool = False  # the client went away (SillyTavern's Stop) before the reply ended
+    recalled: tuple[str, ...] = ()  # what the newest messages recalled: "message 38", "scene 9"
 
     @property
     def reprocessed(self) -> int | None:
