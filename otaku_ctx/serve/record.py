@@ -88,7 +88,7 @@ def record(session: Session | None, assembled: Assembled, usage: Usage, seconds:
     """A turn's end: kept in its chat's stats, and its one log line."""
     a = assembled.built.assembly
     turn = Turn(assembled.held, a.case, a.tokens, a.limit, usage.prompt_tokens, usage.cached, round(seconds, 4),
-                cancelled, recalled_of(a))  # fmt: skip
+                cancelled, recalled_of(a), assembled.sent)  # fmt: skip
     cached = f"{turn.cached:,} cached" if turn.cached is not None else "cache not reported"
     stopped = " · stopped by the client" if cancelled else ""
     if session is None:
@@ -97,9 +97,9 @@ def record(session: Session | None, assembled: Assembled, usage: Usage, seconds:
     number = session.stats.add(turn)
     recalled = f" · recalled {', '.join(turn.recalled)}" if turn.recalled else ""
     log.info(
-        "chat %s · turn %d · %d messages · case %d · %s tokens sent (limit %s) · %s · ctx %.3f s%s%s",
-        session.key[:12], number, turn.messages, a.case, f"{a.tokens:,}", f"{a.limit:,}", cached, seconds, recalled,
-        stopped, extra=EVERY,
+        "chat %s · turn %d · %s messages, %s sent · case %d · %s tokens sent (limit %s) · %s · ctx %.3f s%s%s",
+        session.key[:12], number, f"{turn.messages:,}", f"{turn.messages_sent:,}", a.case, f"{a.tokens:,}",
+        f"{a.limit:,}", cached, seconds, recalled, stopped, extra=EVERY,
     )  # fmt: skip
 
 

@@ -81,6 +81,7 @@ class Turn:
     seconds: float
     cancelled: bool = False  # the client went away (SillyTavern's Stop) before the reply ended
     recalled: tuple[str, ...] = ()  # what the newest messages recalled: "message 38", "scene 9"
+    messages_sent: int = 0  # of `messages`, those the prompt holds as written (head and tail)
 
     @property
     def reprocessed(self) -> int | None:

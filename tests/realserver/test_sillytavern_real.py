@@ -10,7 +10,9 @@ written, included, and the Test Message (a one-message probe, remembered nowhere
 request 11 is a request closed after four chunks, and a turn in the stats marked cancelled. The
 chat is one chat in `/ctx/stats` though its frame changes as lorebook entries fire and it is
 named from request 5 on. No forwarded user or assistant message holds a label the request did
-not (`Assistant: …`): each is one of the request's own. ctx's count of each prompt is the
+not (`Assistant: …`): each is one of the request's own. The chat is longer than the window
+from its first request, and every turn's prompt holds its story so far, naming Seraphina
+(issue 43). ctx's count of each prompt is the
 server's `usage.prompt_tokens` (its chat template included). At 4,096, from the fourth request on,
 ≥ 90 % of the prompt is cached by the server's own count on ≥ 80 % of the requests that do not
 follow an edit (request 13 edits message 260) and for which it reports a count (the stopped
@@ -65,6 +67,18 @@ def test_sillytavern_plays_through_serve(played: tuple[int, Running, list[dict[s
         for m in sent[-1]["messages"]:
             if m["role"] in ("user", "assistant"):  # as the request held it: no label of ctx's own
                 assert m["content"] in own, f"request {turn}: {m['content'][:120]!r}"
+
+    # the chat outgrew the window before its first request: every turn holds its story so far (ctx's
+    # extract while SmolLM2's summaries are turned down or being written), naming Seraphina as the
+    # frame does, never "Character" (the persona is SillyTavern's default, named "User")
+    seen = {m["content"] for each in requests() for m in each["body"]["messages"]}
+    for turn, body in zip(range(1, 18), sent, strict=True):
+        if turn == 16:  # the probe: one message, as it came
+            continue
+        written = [m["content"] for m in body["messages"] if m["content"] not in seen]
+        told = [w for w in written if "[Story so far" in w]
+        assert told and "Seraphina: " in told[0], f"request {turn}: {[w[:80] for w in written]}"
+        assert not [w for w in written if "Character:" in w], f"request {turn}"
 
     status, data = _get(running, "/ctx/stats")
     chats = json.loads(data)["chats"]
