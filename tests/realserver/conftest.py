@@ -40,7 +40,7 @@ from server import (  # noqa: F401 - the tests import these from here
 )
 
 from otaku_ctx.backend import Backend, Retry
-from otaku_ctx.config import ServeSettings, Settings
+from otaku_ctx.config import ServeSettings, Settings, SummarizeSettings
 from otaku_ctx.serve.http import Service
 from otaku_ctx.serve.listen import Running
 
@@ -107,15 +107,19 @@ def forwarded(service: Service) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def frontend_session(folder: Path, window: int) -> Iterator[tuple[Running, list[dict[str, Any]]]]:
+def frontend_session(
+    folder: Path, window: int, summarize: SummarizeSettings | None = None
+) -> Iterator[tuple[Running, list[dict[str, Any]]]]:
     """A frontend's session as a user runs it: llama-server with two slots of `window` each, serve
     in front of it with the defaults (summaries in the test's otaku home); the bodies serve
     forwarded, recorded. `/ctx/stats` and those bodies are written to `folder` at the end (to
-    study a run offline: `--basetemp` keeps them)."""
+    study a run offline: `--basetemp` keeps them). `summarize`: its `[summarize]`, else the
+    defaults."""
     process = launch(folder / "llama-server.log", free_port(), context=2 * window, slots=2)
     try:
         port = process.args[process.args.index("--port") + 1]  # type: ignore[union-attr]
-        service = Service(Settings(serve=ServeSettings(backend=f"http://127.0.0.1:{port}/v1", port=0)))
+        serve = ServeSettings(backend=f"http://127.0.0.1:{port}/v1", port=0)
+        service = Service(Settings(serve=serve, summarize=summarize or SummarizeSettings()))
         sent = forwarded(service)
         running = Running(service)
         try:

@@ -13,6 +13,7 @@ count on ≥ 80 % of the turns after the first."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +102,41 @@ def stats_of(running: Any) -> bytes:
         return connection.getresponse().read()
     finally:
         connection.close()
+
+
+SILLYTAVERN = Path(__file__).resolve().parents[1] / "fixtures" / "sillytavern-requests" / "seraphina-long-chat.jsonl"
+SUMMARIES_DEADLINE = 900.0
+
+
+def test_a_model_whose_summaries_are_all_turned_down_is_said(tmp_path: Path, caplog: Any) -> None:
+    """SmolLM2 summarising the opening of SillyTavern's captured Seraphina chat (its frame and
+    first 45 messages: one scene to write, at temperature 0 so that the run is the same each
+    time): every reply is turned down, the scene is ctx's extract, and serve says so — once in
+    its log, with the reason and the remedy, and in `/ctx/stats`."""
+    import logging
+
+    from otaku_ctx.config import SummarizeSettings
+
+    body = json.loads(SILLYTAVERN.read_text(encoding="utf-8").splitlines()[0])["body"]
+    frame = [m for m in body["messages"] if m["role"] == "system"][:3]
+    said = [m for m in body["messages"] if m["role"] != "system"][:45]
+    if said[-1]["role"] != "user":
+        said = said[:-1]
+    with caplog.at_level(logging.INFO, logger="otaku_ctx.serve"):
+        with frontend_session(tmp_path, WINDOW, SummarizeSettings(temperature=0.0)) as (running, _):
+            client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=600)
+            for _ in range(2):  # a Regenerate: the chat's second request makes it a chat, and its summaries start
+                client.chat.completions.create(model="smollm2", messages=[*frame, *said], max_tokens=8)  # type: ignore[arg-type]
+            deadline = time.monotonic() + SUMMARIES_DEADLINE
+            while True:
+                [chat] = json.loads(stats_of(running))["chats"]
+                written = chat["summaries"]
+                if chat["summaries_left"] == 0 and written["by_model"] + written["extracts"]:
+                    break
+                assert time.monotonic() < deadline, f"the summaries took too long: {chat}"
+                time.sleep(2)
+    print(f"summaries: {written}, failed: {chat['summaries_failed']!r}")
+    assert written["by_model"] == 0 and written["extracts"] >= 1 and written["turned_down"] >= 3, written
+    assert "all turned down" in chat["summaries_failed"]
+    lines = [r.getMessage() for r in caplog.records if "summaries were all turned down" in r.getMessage()]
+    assert len(lines) == 1 and "A larger model summarizes" in lines[0] and "[summarize]" in lines[0], lines
