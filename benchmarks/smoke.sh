@@ -47,6 +47,7 @@ step "$PYTHON" benchmarks/lore_bench.py --worst --smoke
 step "$PYTHON" benchmarks/replay.py --smoke
 step "$PYTHON" benchmarks/cache_bound.py --smoke
 step "$PYTHON" benchmarks/recall_bench.py --smoke
+step "$PYTHON" benchmarks/recall_bench.py --serve --smoke
 step "$PYTHON" benchmarks/model_tokenizers.py --smoke
 step "$PYTHON" benchmarks/hostile_bounds.py --smoke
 step "$PYTHON" benchmarks/summarize_bench.py --smoke --instant 50
