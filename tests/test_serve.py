@@ -715,6 +715,10 @@ def test_a_model_whose_summaries_are_all_turned_down_is_said_once(
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
             time.sleep(0.2)
+        deadline = time.monotonic() + 60
+        while "turned down" not in json.loads(_get(running, "/ctx/stats"))["chats"][0]["summaries_failed"]:
+            assert time.monotonic() < deadline  # the last pass, in the pause after the last turn
+            time.sleep(0.1)
         [chat_] = json.loads(_get(running, "/ctx/stats"))["chats"]
     finally:
         running.stop()

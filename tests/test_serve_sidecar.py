@@ -1,7 +1,7 @@
-"""`ctx serve` and a chat's sidecar of summaries (issue 35's #1-#4, #7): summaries are written
-under steady play; one writer at a time — two serves, two serves and a `ctx summarize`, a hand
-edit while serve writes — and nothing lost; a writer killed mid-write leaves no temporary file
-for good."""
+"""`ctx serve` and a chat's sidecar of summaries (issue 35's #1-#4, issue 44): summaries are
+written in the player's pauses, and a live turn stops the one on the backend; one writer at a
+time — two serves, two serves and a `ctx summarize`, a hand edit while serve writes — and
+nothing lost; a writer killed mid-write leaves no temporary file for good."""
 
 from __future__ import annotations
 
@@ -18,20 +18,61 @@ from test_serve import chat, settings_for
 
 from otaku_ctx.serve.http import Service
 from otaku_ctx.serve.listen import Running
+from otaku_ctx.story.sidecar import read_sidecar
 
-# -- #7: summaries get their share under steady play --------------------------------------------
+# -- issue 44: summaries in the player's pauses; a live turn stops the one on the backend ---------
 
 
-@pytest.mark.deep  # four seconds of play: in .ci/run's second step
-def test_summaries_are_written_under_steady_play() -> None:
-    """Three chats streaming back to back, a live request always waiting: summaries are still
-    asked for (the gate lets one go after three live requests went first)."""
+@pytest.mark.deep  # four seconds: in .ci/run's second step
+def test_a_live_turn_stops_the_summary_request_on_the_backend_which_is_asked_again_in_a_pause() -> None:
+    """A summary request that would take 4 s is on the backend when the player's next turn
+    comes: serve closes its connection at once, the turn is answered without waiting for it,
+    and in the pause after the turn the same request is asked again, and the scene written."""
+    from test_serve import StandIn, client
+
+    stand_in = StandIn().start()
+    stand_in.window, stand_in.summary_delay = 1200, 4.0
+    running = Running(Service(settings_for(stand_in.url, summarize=True)))
+    try:
+        talk = client(running)
+        for _ in range(2):  # a chat's second request makes it one, and its summaries start (after a pause)
+            talk.chat.completions.create(model="m", messages=chat(60), max_tokens=100)
+        deadline = time.monotonic() + 30
+        while not stand_in.summaries:
+            assert time.monotonic() < deadline, "no summary request came in the pause"
+            time.sleep(0.02)
+        with stand_in.lock:
+            first = stand_in.summaries[0]["messages"]
+            stand_in.summary_delay = 0.0  # the requests after it answer at once
+        started = time.monotonic()
+        talk.chat.completions.create(model="m", messages=chat(60), max_tokens=100)  # the turn: a Regenerate
+        took = time.monotonic() - started
+        assert took < 2.0, took  # not behind the 4 s summary
+        assert running.service.gate.preempted == 1
+        home = Path(os.environ["OTAKU_HOME"]) / "chats"
+        while not list(home.glob("*.ctx-summaries")):
+            assert time.monotonic() < deadline + 30, "the summaries were not written after the turn"
+            time.sleep(0.05)
+        with stand_in.lock:
+            again = [b["messages"] for b in stand_in.summaries[1:]]
+        assert again and again[0] == first  # the stopped request, asked again whole
+        [sidecar] = home.glob("*.ctx-summaries")
+        assert read_sidecar(sidecar)[0].summary  # and its scene written
+    finally:
+        running.stop()
+        stand_in.stop()
+
+
+@pytest.mark.deep  # seven seconds of play: in .ci/run's second step
+def test_summaries_wait_for_the_players_pauses() -> None:
+    """Three chats playing back to back, a live request always in flight: no summary request
+    is sent; once they pause, the summaries are written."""
     import threading
 
     from test_serve import StandIn
 
     stand_in = StandIn().start()
-    stand_in.window, stand_in.mode, stand_in.delay, stand_in.summary_delay = 1200, "slow", 0.15, 0.05
+    stand_in.window, stand_in.mode, stand_in.delay = 1200, "slow", 0.15
     running = Running(Service(settings_for(stand_in.url, summarize=True)))
     stop = threading.Event()
 
@@ -46,12 +87,16 @@ def test_summaries_are_written_under_steady_play() -> None:
             player.start()
         time.sleep(4)
         with stand_in.lock:
-            summaries, live = len(stand_in.summaries), len(stand_in.bodies)
-        assert live >= 12 and summaries >= 2, (live, summaries)
-    finally:
+            live, during = len(stand_in.bodies), len(stand_in.summaries)
         stop.set()
         for player in players:
             player.join(30)
+        assert live >= 12 and during == 0, (live, during)
+        time.sleep(3)  # a pause
+        with stand_in.lock:
+            assert len(stand_in.summaries) >= 2, len(stand_in.summaries)
+    finally:
+        stop.set()
         running.stop()
         stand_in.stop()
 

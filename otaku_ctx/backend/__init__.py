@@ -11,6 +11,7 @@ from .failures import (
     BackendError,
     BadReply,
     BadURL,
+    Cancelled,
     ContextTooLong,
     FormatRefused,
     KeyMissing,
@@ -23,13 +24,15 @@ from .failures import (
     Unreachable,
 )
 from .servers import KINDS, SERVERS, Server, ServerKind
-from .transport import Retry
+from .transport import Cancel, Retry
 
 __all__ = [
     "Backend",
     "BackendError",
     "BadReply",
     "BadURL",
+    "Cancel",
+    "Cancelled",
     "ContextTooLong",
     "FormatRefused",
     "KINDS",

@@ -19,7 +19,7 @@ from urllib.parse import quote
 from ..jsonload import JSONProblem, TooDeep, TooMany, loads
 from .failures import TOO_DEEP, TOO_MANY, BackendError, BadReply, BadURL, KeyMissing, NoTokenizer, classify
 from .servers import OPENAI, SERVERS, WINDOWS, LlamaCpp, Server, ServerKind
-from .transport import Answer, Retry, Transport, split_url, without_credentials
+from .transport import Answer, Cancel, Retry, Transport, split_url, without_credentials
 
 
 @dataclass(frozen=True)
@@ -144,10 +144,12 @@ class Backend:
         temperature: float,
         response_format: Mapping[str, Any] | None = None,
         extra: Mapping[str, Any] | None = None,
+        cancel: Cancel | None = None,
     ) -> Reply:
         """One chat completion (`POST {url}/chat/completions`, not streamed). `extra` adds the
         server's own fields (`repeat_penalty`, `top_k`, …). When the server refuses
-        `response_format` this raises `FormatRefused`, so the caller can ask again without it."""
+        `response_format` this raises `FormatRefused`, so the caller can ask again without it.
+        `cancel`: stopped from another thread, the request ends at once in `Cancelled`."""
         request: dict[str, Any] = dict(extra or {})
         request.update(
             model=self.model,
@@ -161,7 +163,7 @@ class Backend:
         # a chat detects nothing: a server not yet asked what it is is spoken to as OpenAI's API
         kind = self._server[0] if self._server is not None else SERVERS[OPENAI]
         path = kind.chat_path(self.base)
-        answer = self._send("chat", "POST", path, json.dumps(request, ensure_ascii=False).encode("utf-8"))
+        answer = self._send("chat", "POST", path, json.dumps(request, ensure_ascii=False).encode("utf-8"), cancel)
         data = self._json(answer, path, asked_format=response_format is not None)
         return self._reply(data, path, asked_format=response_format is not None)
 
@@ -279,10 +281,12 @@ class Backend:
             self._server = next((kind, found) for kind in SERVERS.values() if (found := kind.probe(self)) is not None)
         return self._server
 
-    def _send(self, what: str, method: str, path: str, body: bytes | None = None) -> Answer:
+    def _send(
+        self, what: str, method: str, path: str, body: bytes | None = None, cancel: Cancel | None = None
+    ) -> Answer:
         with self._asking:
             self.asked[what] += 1
-        return self.transport.send(method, path, body)
+        return self.transport.send(method, path, body, cancel)
 
     def probe(self, method: str, path: str, body: bytes | None = None, *, what: str = "probe") -> dict[str, Any] | None:
         """A request whose answer may rightly be "no such thing here" (this server is of another

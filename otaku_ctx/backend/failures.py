@@ -58,6 +58,13 @@ class TimedOut(BackendError):
     remedy = "raise the timeout, or ask for less (a shorter prompt, fewer tokens)"
 
 
+class Cancelled(BackendError):
+    """The request was stopped on purpose, from another thread (`transport.Cancel`): its
+    connection closed, which stops the server generating. Never retried."""
+
+    remedy = "it is asked again when there is time"
+
+
 class KeyMissing(BackendError):
     """The environment variable named for the API key is not set."""
 

@@ -13,6 +13,7 @@ import io
 import re
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from datetime import UTC
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
-from .failures import BadReply, TimedOut, Unreachable
+from .failures import BadReply, Cancelled, TimedOut, Unreachable
 
 #: the largest reply read; anything longer is not an answer to a chat request
 LIMIT = 64 * 1024 * 1024
@@ -167,6 +168,41 @@ def _paced_response(paced: list[_Paced], deadline: float) -> type[http.client.HT
     return Response
 
 
+class Cancel:
+    """A way to stop one request from another thread: `stop()` shuts its connection's socket
+    down, so the request raises `Cancelled` at once and the server stops generating (llama.cpp,
+    vLLM, Ollama and KoboldCpp each end a request whose client went away). Lock: `_lock`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self.stopped = False
+
+    def attach(self, sock: socket.socket | None) -> None:
+        """The socket of the request now on the wire (stopped at once when `stop` came first)."""
+        with self._lock:
+            self._sock = sock
+            if self.stopped:
+                _shut(sock)
+
+    def detach(self) -> None:
+        with self._lock:
+            self._sock = None
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            _shut(self._sock)
+
+
+def _shut(sock: socket.socket | None) -> None:
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # closed already
+            pass
+
+
 class _Lost(Exception):
     """A transport failure worth another try: `why` says what happened, for the message."""
 
@@ -194,13 +230,18 @@ class Transport:
         """The URL of `path`, as a message may show it (no credentials)."""
         return f"{self.shown}{path}"
 
-    def send(self, method: str, path: str, body: bytes | None = None) -> Answer:
+    def send(self, method: str, path: str, body: bytes | None = None, cancel: Cancel | None = None) -> Answer:
         """The server's answer to `method path`, after the retries; raises `Unreachable`,
-        `TimedOut` or `BadReply` when there is no answer to return."""
+        `TimedOut` or `BadReply` when there is no answer to return, and `Cancelled` as soon as
+        `cancel` is stopped."""
         for attempt in range(self.retry.attempts + 1):
+            if cancel is not None and cancel.stopped:
+                raise Cancelled(self.url(path), "stopped before it was sent")
             try:
-                answer = self._once(method, path, body, attempt)
+                answer = self._once(method, path, body, attempt, cancel)
             except _Lost as lost:
+                if cancel is not None and cancel.stopped:
+                    raise Cancelled(self.url(path), "stopped while the server worked on it") from None
                 if attempt == self.retry.attempts:
                     tries = f" (after {attempt} retries)" if attempt else ""
                     raise Unreachable(self.url(path), lost.why + tries) from None
@@ -219,7 +260,7 @@ class Transport:
             )
         return http.client.HTTPConnection(host, port, timeout=self.connect_timeout)
 
-    def _once(self, method: str, path: str, body: bytes | None, attempt: int) -> Answer:
+    def _once(self, method: str, path: str, body: bytes | None, attempt: int, cancel: Cancel | None = None) -> Answer:
         url = self.url(path)
         connection = self._connection()
         try:
@@ -239,6 +280,8 @@ class Transport:
                 raise _Lost(f"cannot connect ({error.strerror or error})") from None
             if connection.sock is not None:
                 connection.sock.settimeout(self.timeout)
+            if cancel is not None:
+                cancel.attach(connection.sock)
             paced: list[_Paced] = []
             connection.response_class = _paced_response(paced, time.monotonic() + self.timeout)
             try:
@@ -252,11 +295,17 @@ class Transport:
                 raise TimedOut(url, self._late(paced)) from None
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 raise _Lost("the server closed the connection without a reply") from None
-            except http.client.HTTPException as error:
+            except (http.client.HTTPException, BadReply) as error:
+                if cancel is not None and cancel.stopped:  # its socket shut: a reply cut short
+                    raise _Lost("stopped") from None
+                if isinstance(error, BadReply):
+                    raise
                 raise BadReply(url, f"not an HTTP reply ({type(error).__name__}: {error})") from None
             except OSError as error:
                 raise _Lost(f"the connection failed ({error.strerror or error})") from None
         finally:
+            if cancel is not None:
+                cancel.detach()
             connection.close()
         return Answer(status, reason, names, data, attempt)
 

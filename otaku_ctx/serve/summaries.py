@@ -1,7 +1,10 @@
 """Summaries in the background: when a chat's settled part has no summaries, the same backend
-is asked for them, one request at a time and while no live request is waiting — or, under
-steady play, one after every `SHARE` live requests that went first — so a live request never
-waits behind more than the one summary request already on the server.
+is asked for them, one request at a time, in the player's pauses: a summary request starts only
+once no live request has been in flight for `PAUSE` seconds (the player reading the reply and
+typing the next message), and a live request that arrives while one is on the backend stops it
+at once (its connection closed, which stops the server generating): the turn goes first and
+waits for nothing of ctx's. The stopped request is asked again in the next pause; the scene it
+was for is written whole or not at all.
 
 The planning and the commits are `ctx summarize`'s own (`summarize.plan_for`, `summarize.run`):
 resumable (each finished scene is written to the chat's sidecar before the next request) and
@@ -11,12 +14,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..backend import Backend, BackendError, Reply
+from ..backend import Backend, BackendError, Cancel, Cancelled, Reply
 from ..config import Settings, SummarizeSettings
 from ..errors import OtakuError
 from ..story.model import Story
@@ -34,56 +38,72 @@ class Stopped(Exception):
     """The server is stopping: no further summary request is sent."""
 
 
-#: under steady play, a summary request goes after this many live requests went before it
-SHARE = 3
+#: seconds with no live request in flight before a summary request may start: a player's pause
+PAUSE = 1.0
+#: a chat's `summaries_failed` while every summary written for it is ctx's extract
+ALL_TURNED_DOWN = "the model's summaries were all turned down: extracts stand in"
 
 
 class Gate:
     """Live requests first. `live()` holds the gate for a frontend's request from its arrival
-    to its reply's end; a summary request is sent only when no live request is held, one at a
-    time (`summary()`)."""
+    to its reply's end, and stops the summary request on the backend, if one is; `summary()`
+    holds it for one summary request, sent only in a pause (no live request held for `pause`
+    seconds), one at a time, and stoppable (`Cancel`). `preempted` counts the summary requests
+    a live request stopped. Lock: `_changed`."""
 
-    def __init__(self) -> None:
+    def __init__(self, pause: float = PAUSE) -> None:
         self._changed = threading.Condition()
+        self.pause = pause
         self.live_now = 0
-        self.lived = 0  # live requests that have come, in all
-        self.summary_now = False
+        self.quiet_since = time.monotonic()  # when the last live request ended
+        self.cancel: Cancel | None = None  # the summary request on the backend, while one is
+        self.preempted = 0
         self.stopping = False
 
     @contextmanager
     def live(self) -> Iterator[None]:
         with self._changed:
             self.live_now += 1
-            self.lived += 1
+            if self.cancel is not None and not self.cancel.stopped:
+                self.cancel.stop()
+                self.preempted += 1
         try:
             yield
         finally:
             with self._changed:
                 self.live_now -= 1
+                if not self.live_now:
+                    self.quiet_since = time.monotonic()
                 self._changed.notify_all()
 
     @contextmanager
-    def summary(self) -> Iterator[None]:
-        """Wait until no live request is held, then send one summary request: a live request
-        arriving meanwhile goes to the server at once and waits for this one at most."""
+    def summary(self) -> Iterator[Cancel]:
+        """Wait for a pause, then send one summary request, stopped (`Cancel`) when a live
+        request comes."""
         with self._changed:
-            since = self.lived
-            self._changed.wait_for(
-                lambda: (not self.summary_now and (self.live_now == 0 or self.lived - since >= SHARE)) or self.stopping
-            )
-            if self.stopping:
-                raise Stopped()
-            self.summary_now = True
+            while True:
+                if self.stopping:
+                    raise Stopped()
+                if self.cancel is None and not self.live_now:
+                    left = self.quiet_since + self.pause - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._changed.wait(left)
+                else:
+                    self._changed.wait()
+            cancel = self.cancel = Cancel()
         try:
-            yield
+            yield cancel
         finally:
             with self._changed:
-                self.summary_now = False
+                self.cancel = None
                 self._changed.notify_all()
 
     def stop(self) -> None:
         with self._changed:
             self.stopping = True
+            if self.cancel is not None:
+                self.cancel.stop()
             self._changed.notify_all()
 
 
@@ -99,8 +119,16 @@ class GatedBackend:
         return self.backend.window()
 
     def chat(self, messages: Sequence[Mapping[str, str]], **asked: Any) -> Reply:
-        with self.gate.summary():
-            return self.backend.chat(messages, **asked)
+        """The reply, asked in a pause; asked again in the next one when a live request stopped
+        it (so a scene's reply is whole, or not taken)."""
+        while True:
+            with self.gate.summary() as cancel:
+                try:
+                    return self.backend.chat(messages, cancel=cancel, **asked)
+                except Cancelled:
+                    if self.gate.stopping:
+                        raise Stopped() from None
+                    log.debug("a summary request stopped for a live one: asked again in the next pause")
 
     def loop_penalty(self) -> dict[str, float]:
         return self.backend.loop_penalty()
@@ -159,8 +187,8 @@ class Summarizer:
         self._thread.start()
 
     def stop(self, seconds: float) -> None:
-        """No further summary request; the thread joined within `seconds` (a request already on
-        the backend is left to its own timeout: its finished scenes are on disk)."""
+        """No further summary request, and the one on the backend stopped (its finished scenes
+        are on disk; its scene is asked again next time); the thread joined within `seconds`."""
         self.gate.stop()
         with self._lock:
             self._lock.notify_all()
@@ -225,10 +253,10 @@ class Summarizer:
         story, key, path = work.story, session.key[:12], self.store.path(session.pool)
         records, own = self.store.records_of(session, story)
         chosen, prompts = self.counting(session, lambda count: self._plan(story, records, count))
-        session.summaries.end(why="")
-        if not chosen.requests:
-            session.summaries.end(complete_at=len(story))
+        if not chosen.requests:  # nothing to do: what stands is said still (the model's all turned down)
+            session.summaries.end(complete_at=len(story), why=ALL_TURNED_DOWN if session.summaries.none_kept else "")
             return
+        session.summaries.end(why="")
         session.summaries.planned(chosen, Progress())
         log.info("chat %s: writing summaries: %d scenes, %d requests", key, len(chosen.spans), len(chosen.requests))
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -253,5 +281,5 @@ class Summarizer:
                 key, report.turned_down, reason or "none usable",
             )  # fmt: skip
         if session.summaries.none_kept:
-            why = why or "the model's summaries were all turned down: extracts stand in"
+            why = why or ALL_TURNED_DOWN
         session.summaries.end(complete_at=len(story), why=why)

@@ -16,9 +16,8 @@ from its first request, and every turn's prompt holds its story so far, naming S
 server's `usage.prompt_tokens` (its chat template included). At 4,096, from the fourth request on,
 ≥ 90 % of the prompt is cached by the server's own count on ≥ 80 % of the requests that do not
 follow an edit (request 13 edits message 260) and for which it reports a count (the stopped
-request 11 ends before the server's last event, which carries its count). Measured: 9 of 11
-(the misses: request 9, where the window first runs out and the shape moves to the newest
-messages with a quarter free; request 17, 88 %, whose new messages are that much of the prompt)."""
+request 11 ends before the server's last event, which carries its count). Measured
+(2026-12-06): 10 of 11 (the miss: request 9, 56 %, where the shape moves from case 5 to 4)."""
 
 from __future__ import annotations
 
