@@ -159,3 +159,33 @@ def test_a_flood_of_idle_connections_at_1024_files_shuts_out_no_client(raw: RawB
         server.terminate()
         _, err = server.communicate(timeout=30)
     assert "Traceback" not in err, err[-2000:]
+
+
+def test_a_cancelled_request_ends_at_once_and_is_not_retried(raw: raw_backend.RawBackend) -> None:
+    """What serve's summarizer does when a live turn comes (issue 44): the request on the
+    backend, which would stall 10 s, is stopped from another thread; it ends in `Cancelled`
+    within a fraction of that, asked once (a stop is never retried), the server's socket closed."""
+    from otaku_ctx.backend import Backend, Cancel, Cancelled
+
+    closed = threading.Event()
+
+    def stall(handler: BaseHTTPRequestHandler) -> None:
+        handler.connection.settimeout(10)
+        try:
+            if handler.connection.recv(1) == b"":  # the client shut its side: generation stops
+                closed.set()
+        except OSError:
+            closed.set()
+
+    raw.scenario = stall
+    backend = Backend(raw.url + "/v1", "m", timeout=30)
+    cancel = Cancel()
+    threading.Timer(0.3, cancel.stop).start()
+    started = time.monotonic()
+    with pytest.raises(Cancelled):
+        backend.chat([{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0, cancel=cancel)
+    assert time.monotonic() - started < 3 and raw.asked == 1
+    assert closed.wait(3)
+    with pytest.raises(Cancelled):  # stopped before it is sent: not sent at all
+        backend.chat([{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0, cancel=cancel)
+    assert raw.asked == 1

@@ -95,6 +95,24 @@ def test_each_turns_line_is_written_however_many_turns_come() -> None:
     assert all(hush.filter(record) for record in turns)
 
 
+def test_thirty_turns_played_in_seconds_each_leave_their_line(
+    raw: RawBackend, serving: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 44: 30 turns of one chat played as fast as they come (a minute's worth and more)
+    through serve, its log hushed as `ctx serve`'s is: 30 lines, each with the chat's length and
+    the messages sent, in order — none left out."""
+    raw.scenario = lambda handler: reply(handler, 200, {"choices": [{"message": {"role": "assistant",
+                                                                               "content": "Yes."}}]})  # fmt: skip
+    caplog.set_level(logging.INFO)
+    client = openai.OpenAI(base_url=serving.url, api_key="none", max_retries=0, timeout=20)
+    for n in range(30):
+        client.chat.completions.create(model="m", messages=chat(20 + 2 * n))
+    lines = [line for line in logged(caplog.records).splitlines() if " · turn " in line]
+    turns = [int(line.split(" · turn ")[1].split(" ")[0]) for line in lines]
+    assert turns == list(range(1, 31)), lines[:3]
+    assert all(f"{20 + 2 * n} messages, " in line for n, line in enumerate(lines))
+
+
 # -- #14: a backend's error that quotes the prompt -----------------------------------------------
 
 
