@@ -323,6 +323,10 @@ def test_the_story_so_far_is_trimmed_keeping_its_start_and_its_end() -> None:
     words = cut.history.split()
     assert words[0] == "w0" and words[-1] == "w599" and words.index("…") < len(words) // 2
     assert trimmed(scene, 10_000, counter) == scene  # within its tokens: as it is
+    for n in range(6):  # a few words into fewer tokens: it ends, within them or empty
+        for tokens in (0, 1, 2, 4):
+            cut = trimmed(Scene(1, 1, 9, history=" ".join(f"w{i}" for i in range(n))), tokens, counter)
+            assert counter(cut.history) <= tokens or not cut.history
 
 
 def test_the_settings_rungs_halve_the_head_and_tail() -> None:

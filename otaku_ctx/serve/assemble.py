@@ -226,7 +226,7 @@ def trimmed(scene: Scene, tokens: int, count: TokenCounter) -> Scene:
     words = scene.history.split()
     size = count(scene.history)
     while size > tokens and words:
-        keep = int(len(words) * tokens / size * 0.95)
+        keep = min(int(len(words) * tokens / size * 0.95), len(words) - 2)  # fewer each time, the "…" too
         first = keep // 3
         words = [*words[:first], "…", *words[len(words) - (keep - first) :]] if keep > 1 else []
         size = count(" ".join(words))
