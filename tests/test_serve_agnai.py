@@ -174,6 +174,20 @@ def test_every_answered_request_is_sent_on_with_no_other_chat_s_text(replayed: R
         assert [text[:60] for text in dialogue(sent) if text not in own] == [], n
 
 
+def test_what_ctx_writes_names_the_speakers_as_agnai_does(replayed: Replayed) -> None:
+    """Agnai writes the names into the content ("Mira: …"), and sends no `name`: what ctx writes
+    itself (the story so far, a scene's extract, a recalled message's heading) names them so,
+    never "Character:" or "User:", nor a name doubled ("Mira: Mira:") (issue 43)."""
+    seen = {m["content"] for each in captured() for m in each["body"]["messages"]}
+    written = [
+        m["content"] for sent in replayed.forwarded.values() for m in sent["messages"] if m["content"] not in seen
+    ]
+    told = [w for w in written if "[Story so far" in w]
+    assert told and any("Mira: " in w for w in told)
+    for text in written:
+        assert "Character:" not in text and "User:" not in text and "Mira: Mira:" not in text, text[:200]
+
+
 def test_every_field_but_the_messages_goes_on_as_agnai_sent_it(replayed: Replayed) -> None:
     """`stop`, the penalties, `prompt` of Local Requests, ..., and the prefill last."""
     requests = {each["turn"]: each["body"] for each in captured()}
