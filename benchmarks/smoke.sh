@@ -58,6 +58,7 @@ gguf="$(echo "$paths" | sed -n 's/^SMOLLM2_GGUF=//p')"
 [ -f "$gguf" ] || { echo "setup.sh --check printed no SMOLLM2_GGUF" >&2; exit 1; }
 step "$PYTHON" benchmarks/model_tokenizers.py --smoke --gguf "$gguf"
 step "$PYTHON" benchmarks/summarize_bench.py --smoke
+step "$PYTHON" benchmarks/ttft_bench.py --smoke
 
 step "$PYTHON" benchmarks/serve_bench.py --smoke
 echo "== smoke: every benchmark ran"
