@@ -103,6 +103,14 @@ _numbers = itertools.count()
 
 
 @pytest.fixture(autouse=True)
+def _short_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve's summaries wait for a player's pause of 50 ms, not a second: the tests whose chats
+    are summarised do not each wait a second a pass (tests/test_serve_sidecar.py's pause tests
+    set the gate's own `pause` to the real one)."""
+    monkeypatch.setattr("otaku_ctx.serve.summaries.PAUSE", 0.05)
+
+
+@pytest.fixture(autouse=True)
 def otaku_home(_homes: Path) -> Iterator[Path]:
     """The test's own OTAKU_HOME, not yet made, as a new user's ~/.otaku is not: what ctx writes
     there it makes (a test that writes there itself makes it first). Not made, it costs nothing

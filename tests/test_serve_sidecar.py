@@ -18,6 +18,7 @@ from test_serve import chat, settings_for
 
 from otaku_ctx.serve.http import Service
 from otaku_ctx.serve.listen import Running
+from otaku_ctx.serve.summaries import PAUSE
 from otaku_ctx.story.sidecar import read_sidecar
 
 # -- issue 44: summaries in the player's pauses; a live turn stops the one on the backend ---------
@@ -33,6 +34,7 @@ def test_a_live_turn_stops_the_summary_request_on_the_backend_which_is_asked_aga
     stand_in = StandIn().start()
     stand_in.window, stand_in.summary_delay = 1200, 4.0
     running = Running(Service(settings_for(stand_in.url, summarize=True)))
+    running.service.gate.pause = PAUSE  # the real pause, not the tests' short one
     try:
         talk = client(running)
         for _ in range(2):  # a chat's second request makes it one, and its summaries start (after a pause)
@@ -74,6 +76,7 @@ def test_summaries_wait_for_the_players_pauses() -> None:
     stand_in = StandIn().start()
     stand_in.window, stand_in.mode, stand_in.delay = 1200, "slow", 0.15
     running = Running(Service(settings_for(stand_in.url, summarize=True)))
+    running.service.gate.pause = PAUSE  # the real pause, not the tests' short one
     stop = threading.Event()
 
     def play(n: int) -> None:

@@ -51,9 +51,9 @@ class Gate:
     seconds), one at a time, and stoppable (`Cancel`). `preempted` counts the summary requests
     a live request stopped. Lock: `_changed`."""
 
-    def __init__(self, pause: float = PAUSE) -> None:
+    def __init__(self, pause: float | None = None) -> None:
         self._changed = threading.Condition()
-        self.pause = pause
+        self.pause = PAUSE if pause is None else pause
         self.live_now = 0
         self.quiet_since = time.monotonic()  # when the last live request ended
         self.cancel: Cancel | None = None  # the summary request on the backend, while one is
