@@ -138,6 +138,8 @@ def main() -> None:
     from otaku_ctx.config import ServeSettings, Settings
     from otaku_ctx.serve.http import Service
     from otaku_ctx.serve.listen import Running
+    from otaku_ctx.story.sidecar import read_sidecar
+    from otaku_ctx.summarize.extract import EXTRACT
 
     log = Path(tempfile.mkdtemp(prefix="ttft-bench-server-")) / "llama-server.log"
     process = launch(log, port := free_port(), context=WINDOW, slots=1)
@@ -160,11 +162,20 @@ def main() -> None:
         return statistics.quantiles(values, n=10)[-1] if len(values) > 1 else values[0]
 
     written = [c["summaries"] for c in stats["chats"]]
+    left = sum(c["summaries_left"] for c in stats["chats"])
+    records = [
+        r for path in (Path(os.environ["OTAKU_HOME"]) / "chats").glob("*.ctx-summaries") for r in read_sidecar(path)
+    ]
+    extracts = sum(r.model == EXTRACT for r in records)
     print(f"{len(served)} turns, llama-server -np 1 -c {WINDOW}, think {think[0]:g}-{think[1]:g} s, reply {args.reply}")
     print(f"time to first token through serve: median {statistics.median(served):.2f} s, p90 {p90(served):.2f} s")
     print(f"time to first token, frontend alone: median {statistics.median(alone):.2f} s, p90 {p90(alone):.2f} s")
     print(f"p90 ratio serve / alone: {p90(served) / p90(alone):.2f}")
     print(f"summary requests stopped by a turn: {preempted}; written during the run: {written}")
+    print(
+        f"scenes with their record at the end: {len(records)} ({len(records) - extracts} the model's summaries,"
+        f" {extracts} ctx's extracts); requests left unwritten: {left}"
+    )
     print("per turn (serve, alone):", [(round(a, 2), round(b, 2)) for a, b in zip(served, alone, strict=True)])
 
 

@@ -65,6 +65,59 @@ def test_a_live_turn_stops_the_summary_request_on_the_backend_which_is_asked_aga
         stand_in.stop()
 
 
+@pytest.mark.deep  # three summary requests of 3 s stopped: in .ci/run's second step
+def test_a_model_slower_than_the_players_pauses_gives_each_scene_its_extract(caplog: pytest.LogCaptureFixture) -> None:
+    """Every summary request takes longer than the pause the player leaves: `STOPS` in a row are
+    stopped by turns, then the pass asks no more and writes each of its scenes and histories as
+    ctx's extract at once; `/ctx/stats` and one log line say why (not "turned down"), and the
+    turns were never kept waiting."""
+    from test_serve import StandIn, _get, client
+
+    from otaku_ctx.serve.summaries import STOPS, TOO_SLOW
+    from otaku_ctx.summarize.extract import EXTRACT
+
+    stand_in = StandIn().start()
+    stand_in.window, stand_in.summary_delay = 1200, 3.0
+    running = Running(Service(settings_for(stand_in.url, summarize=True)))
+    home = Path(os.environ["OTAKU_HOME"]) / "chats"
+    try:
+        talk = client(running)
+        talk.chat.completions.create(model="m", messages=chat(60), max_tokens=100)
+        deadline = time.monotonic() + 60
+        for stopped in range(STOPS):
+            talk.chat.completions.create(model="m", messages=chat(60), max_tokens=100)  # a Regenerate
+            while len(stand_in.summaries) <= stopped:  # the summary request, in the pause after it
+                assert time.monotonic() < deadline, "no summary request came in the pause"
+                time.sleep(0.02)
+        started = time.monotonic()
+        talk.chat.completions.create(model="m", messages=chat(60), max_tokens=100)  # stops the third
+        assert time.monotonic() - started < 2.0  # not behind the 3 s summary
+        while (
+            not list(home.glob("*.ctx-summaries"))
+            or json.loads(_get(running, "/ctx/stats"))["chats"][0]["summaries_left"]
+        ):
+            assert time.monotonic() < deadline, "the pass did not end"
+            time.sleep(0.05)
+        [chat_] = json.loads(_get(running, "/ctx/stats"))["chats"]
+        asked = len(stand_in.summaries)
+    finally:
+        running.stop()
+        stand_in.stop()
+    [sidecar] = home.glob("*.ctx-summaries")
+    records = read_sidecar(sidecar)
+    assert running.service.gate.preempted == STOPS and asked == STOPS  # no request after the third stop
+    assert len(records) >= 2 and all(r.model == EXTRACT and r.summary for r in records)
+    assert all(r.history for r in records[1:])  # the histories too: every scene has its record
+    written = chat_["summaries"]
+    # each scene and history not asked (the first scene's history is its summary, asked of no one)
+    assert written["by_model"] == 0 and written["too_slow"] == written["extracts"] - 1 == 2 * len(records) - 1
+    assert chat_["summaries_failed"] == TOO_SLOW
+    said = [r.getMessage() for r in caplog.records if "stopped by the player's turns" in r.getMessage()]
+    assert (
+        len(said) == 1 and "[summarize]" in said[0] and not any("turned down" in r.getMessage() for r in caplog.records)
+    )
+
+
 @pytest.mark.deep  # seven seconds of play: in .ci/run's second step
 def test_summaries_wait_for_the_players_pauses() -> None:
     """Three chats playing back to back, a live request always in flight: no summary request

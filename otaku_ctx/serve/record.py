@@ -131,6 +131,7 @@ def stats_of(sessions: Sessions) -> dict[str, Any]:
                     "by_model": session.summaries.by_model,
                     "extracts": session.summaries.extracts,
                     "turned_down": session.summaries.turned_down,
+                    "too_slow": session.summaries.too_slow,
                 },
                 "shape": session.turn.said or "as configured",
                 "turns": [t.facts() for t in turns],

@@ -128,8 +128,9 @@ class SummaryState:
         self.why = ""  # why its summaries could not be written, the last time
         self.complete_at = -1  # the length of the story last found with nothing to do
         # what its summarizer wrote, in all: summaries and histories by the model, ctx's extracts
-        # in their place, and the model's replies a check turned down
-        self.by_model, self.extracts, self.turned_down = 0, 0, 0
+        # in their place (`too_slow` of them not asked of the model, as the player's turns kept
+        # stopping its requests), and the model's replies a check turned down
+        self.by_model, self.extracts, self.turned_down, self.too_slow = 0, 0, 0, 0
 
     def wish(self, story: Story, scene: int) -> bool:
         """Want `story` summarized, unless it failed at this length or was found complete less
@@ -156,21 +157,26 @@ class SummaryState:
             if why is not None:
                 self.why = why
 
-    def tally(self, by_model: int, extracts: int, turned_down: int) -> bool:
-        """A pass's count added; whether it is the first in which the model wrote nothing that
-        was kept (then it is said, once a chat)."""
+    def tally(self, by_model: int, extracts: int, turned_down: int, too_slow: int = 0) -> bool:
+        """A pass's count added; whether the model's replies were all turned down now and were
+        not before (then it is said, once a chat)."""
         with self.lock:
-            first = extracts > 0 and by_model == 0 and self.by_model == 0 and self.extracts == 0
+            before = self._none_kept()
             self.by_model += by_model
             self.extracts += extracts
             self.turned_down += turned_down
-            return first
+            self.too_slow += too_slow
+            return not before and self._none_kept()
 
     @property
     def none_kept(self) -> bool:
-        """Whether every summary and history written for it so far is ctx's extract."""
+        """Whether the model's replies were turned down and none of it was kept: every summary
+        and history written for the chat so far is ctx's extract."""
         with self.lock:
-            return self.extracts > 0 and self.by_model == 0
+            return self._none_kept()
+
+    def _none_kept(self) -> bool:
+        return self.turned_down > 0 and self.by_model == 0 and self.extracts > self.too_slow
 
     def planned(self, plan: Any, progress: Any) -> None:
         """The work under way has its plan, and counts its requests in `progress`."""

@@ -4,7 +4,10 @@ once no live request has been in flight for `PAUSE` seconds (the player reading 
 typing the next message), and a live request that arrives while one is on the backend stops it
 at once (its connection closed, which stops the server generating): the turn goes first and
 waits for nothing of ctx's. The stopped request is asked again in the next pause; the scene it
-was for is written whole or not at all.
+was for is written whole or not at all. When `STOPS` requests in a row are stopped before any
+ends, the model's summaries take longer than the player's pauses: the rest of the pass's scenes
+are written as ctx's extracts at once (no request), so every scene has its record while the
+player plays, and the chat's next scenes ask the model again.
 
 The planning and the commits are `ctx summarize`'s own (`summarize.plan_for`, `summarize.run`):
 resumable (each finished scene is written to the chat's sidecar before the next request) and
@@ -25,7 +28,7 @@ from ..config import Settings, SummarizeSettings
 from ..errors import OtakuError
 from ..story.model import Story
 from ..story.sidecar import Record
-from ..summarize import Plan, Progress, Prompts, plan_for, prompts_of, run
+from ..summarize import Plan, Progress, Prompts, SummarizeError, plan_for, prompts_of, run
 from ..summarize.commits import Commits
 from ..tokens import TokenCounter
 from .session import Session
@@ -40,8 +43,17 @@ class Stopped(Exception):
 
 #: seconds with no live request in flight before a summary request may start: a player's pause
 PAUSE = 1.0
+#: summary requests stopped by live ones in a row, none ending, before a pass gives up on the model
+STOPS = 3
 #: a chat's `summaries_failed` while every summary written for it is ctx's extract
 ALL_TURNED_DOWN = "the model's summaries were all turned down: extracts stand in"
+#: a chat's `summaries_failed` after a pass whose requests the player's turns kept stopping
+TOO_SLOW = "the model's summary requests take longer than the player's pauses: extracts stand in"
+
+
+class TooSlow(SummarizeError):
+    """`STOPS` summary requests in a row were stopped by live ones: the scene is written as
+    ctx's extract (`summarize.run`'s fallback) instead of waiting for a pause long enough."""
 
 
 class Gate:
@@ -109,26 +121,41 @@ class Gate:
 
 class GatedBackend:
     """The backend as the summarizer sees it: each chat request waits at the gate. What
-    `summarize.run` uses of a `Backend` (`summarize.SummaryBackend`), and nothing else."""
+    `summarize.run` uses of a `Backend` (`summarize.SummaryBackend`), and nothing else.
+    `stopped_in_a_row` counts the requests live ones stopped since a reply last came whole (a
+    pass starts it at 0: `fresh`); `gave_up`, the requests answered `TooSlow`."""
 
     def __init__(self, backend: Backend, gate: Gate) -> None:
         self.backend, self.gate = backend, gate
         self.url, self.model = backend.url, backend.model
+        self.stopped_in_a_row = 0
+        self.gave_up = 0
+
+    def fresh(self) -> None:
+        """A new pass: the model is given its chance again."""
+        self.stopped_in_a_row = 0
 
     def window(self) -> int | None:
         return self.backend.window()
 
     def chat(self, messages: Sequence[Mapping[str, str]], **asked: Any) -> Reply:
         """The reply, asked in a pause; asked again in the next one when a live request stopped
-        it (so a scene's reply is whole, or not taken)."""
-        while True:
+        it (so a scene's reply is whole, or not taken); `TooSlow`, with no request, once `STOPS`
+        in a row were stopped."""
+        while self.stopped_in_a_row < STOPS:
             with self.gate.summary() as cancel:
                 try:
-                    return self.backend.chat(messages, cancel=cancel, **asked)
+                    reply = self.backend.chat(messages, cancel=cancel, **asked)
                 except Cancelled:
                     if self.gate.stopping:
                         raise Stopped() from None
+                    self.stopped_in_a_row += 1
                     log.debug("a summary request stopped for a live one: asked again in the next pause")
+                    continue
+            self.stopped_in_a_row = 0
+            return reply
+        self.gave_up += 1
+        raise TooSlow(f"{STOPS} summary requests in a row were stopped by the player's turns before they ended")
 
     def loop_penalty(self) -> dict[str, float]:
         return self.backend.loop_penalty()
@@ -253,11 +280,16 @@ class Summarizer:
         story, key, path = work.story, session.key[:12], self.store.path(session.pool)
         records, own = self.store.records_of(session, story)
         chosen, prompts = self.counting(session, lambda count: self._plan(story, records, count))
-        if not chosen.requests:  # nothing to do: what stands is said still (the model's all turned down)
-            session.summaries.end(complete_at=len(story), why=ALL_TURNED_DOWN if session.summaries.none_kept else "")
+        if not chosen.requests:  # nothing to do: what stands of the model's summaries is said still
+            standing = session.summaries.why if session.summaries.why == TOO_SLOW else ""
+            session.summaries.end(
+                complete_at=len(story), why=ALL_TURNED_DOWN if session.summaries.none_kept else standing
+            )
             return
         session.summaries.end(why="")
         session.summaries.planned(chosen, Progress())
+        self.backend.fresh()
+        gave_up = self.backend.gave_up
         log.info("chat %s: writing summaries: %d scenes, %d requests", key, len(chosen.spans), len(chosen.requests))
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -272,7 +304,17 @@ class Summarizer:
         )  # fmt: skip
         why = f"no reply of the model would do for {len(report.missing)} scenes" if report.missing else None
         by_model = report.summaries + report.histories - report.extracts
-        if session.summaries.tally(by_model, report.extracts, report.turned_down):
+        too_slow = self.backend.gave_up - gave_up
+        if too_slow:
+            log.warning(
+                "chat %s: %d scenes and histories written as ctx's extracts: %d summary requests in a row were"
+                " stopped by the player's turns before they ended (the model takes longer to summarise a scene"
+                " than the pauses between turns). The chat's next scenes ask it again; `ctx summarize --redo`"
+                " replaces the extracts while the chat rests, or point [summarize] url and model at a faster server",
+                key, too_slow, STOPS,
+            )  # fmt: skip
+            why = why or TOO_SLOW
+        if session.summaries.tally(by_model, report.extracts, report.turned_down, too_slow):
             reason = work.progress.why_turned_down if work.progress is not None else ""
             log.warning(
                 "chat %s: the model's summaries were all turned down (%d replies; the last: %s): ctx writes"
