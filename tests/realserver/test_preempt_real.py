@@ -1,29 +1,38 @@
 """The player never waits for ctx (issue 44), against the real llama-server with one slot
-(`-np 1`, as most local servers run): a turn that arrives while a summary request is on the
-server stops it — its connection shut, the server stops that task — and is answered; the same
-summary request is asked again, whole, in the pause after the turn, and the chat's summaries
-are all written after it.
+(`-np 1`, as most local servers run): a turn that arrives while a long summary request is on the
+server stops it — its connection shut, the server stops that task — and gets its first token
+before that summary request would have ended; the same request is asked again, whole, in the
+pause after the turn, and the chat's summaries are all written after it.
 
-What it does not assert: that the turn's first token came before the stopped summary would have
-ended. llama-server notices a closed connection only between its batches, so a turn that comes
-while a summary's prompt is being read waits for that batch (about 5 s for 1,500 tokens at
-`-t 1` here), and SmolLM2's summaries are short: the summary may end as soon. The timings are
-printed; benchmarks/ttft_bench.py measures what the player waits, turn by turn."""
+"Would have ended" from the server's own figures: the turn is sent while a summary request is
+generating (llama-server's `/slots`: `n_decoded` tokens written so far, at temperature 0) and has
+written more than a short summary's tokens, so it is one of the long ones; asked again whole
+after the turn, the same request writes the same `N` tokens (greedy, the same prompt), so the
+stopped one had `N - n_decoded` still to write, each no faster than the fastest token the server
+wrote in the whole test (its log's `eval time` lines). A turn that came while a summary's prompt
+was being read waits for that batch (llama-server notices a closed connection between batches):
+benchmarks/ttft_bench.py measures those turns too."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import threading
 import time
+import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 from conftest import free_port, launch, stop
 
 from otaku_ctx.config import ServeSettings, Settings, SummarizeSettings
 from otaku_ctx.serve.http import Service
 from otaku_ctx.serve.listen import Running
+from otaku_ctx.serve.summaries import GatedBackend
 
 LINES = (
     "The lamp needs oil before the storm reaches the rocks.",
@@ -35,6 +44,7 @@ LINES = (
     "Tell me about the keeper who lived here before you.",
 )
 DEADLINE = 600.0
+LONG = 48  # tokens written: past every short summary SmolLM2 writes of this chat (about 20 to 42)
 
 
 def opening(n: int) -> list[dict[str, Any]]:
@@ -67,10 +77,41 @@ class Watch:
             time.sleep(0.005)
 
 
-def test_a_turn_during_a_summary_request_stops_it_and_it_is_asked_again(tmp_path: Path) -> None:
-    process = launch(tmp_path / "llama-server.log", port := free_port(), context=4096, slots=1)
+class Asked:
+    """Each call of serve's summarizer to its gated backend: when it began, its temperature, and
+    once it returned (asked again as often as turns stopped it), when and the tokens it wrote."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[dict[str, Any]] = []
+        real = GatedBackend.chat
+
+        def chat(backend: GatedBackend, messages: Sequence[Mapping[str, str]], **asked: Any) -> Any:
+            call = {"began": time.monotonic(), "temperature": asked.get("temperature")}
+            self.calls.append(call)
+            reply = real(backend, messages, **asked)
+            call.update(ended=time.monotonic(), tokens=reply.completion_tokens)
+            return reply
+
+        monkeypatch.setattr(GatedBackend, "chat", chat)
+
+
+def writing(port: int) -> int:
+    """The tokens the server's one slot has written of the task it runs now (0: none)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/slots", timeout=10) as answer:
+        [slot] = json.loads(answer.read())
+    if not slot.get("is_processing"):
+        return 0
+    return max((t.get("n_decoded", 0) for t in slot.get("next_token", ())), default=0)
+
+
+def test_a_turn_during_a_long_summary_request_stops_it_and_it_is_asked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "llama-server.log"
+    process = launch(log, port := free_port(), context=4096, slots=1)
     summarize = SummarizeSettings(settle=8, min_chars=1500, min_messages=16, temperature=0.0, timeout=300)
     service = Service(Settings(summarize=summarize, serve=ServeSettings(backend=f"http://127.0.0.1:{port}/v1", port=0)))
+    asked = Asked(monkeypatch)
     running = Running(service)
     watch = Watch(service)
     try:
@@ -79,12 +120,13 @@ def test_a_turn_during_a_summary_request_stops_it_and_it_is_asked_again(tmp_path
         for _ in range(2):  # a Regenerate: the second request makes it a chat, and its summaries start
             client.chat.completions.create(model="smollm2", messages=chat, max_tokens=8)  # type: ignore[arg-type]
         deadline = time.monotonic() + DEADLINE
-        while not watch.seen:
-            assert time.monotonic() < deadline, "no summary request in the pause"
-            time.sleep(0.01)
-        time.sleep(0.3)  # the summary request well under way
-        assert watch.seen[0][2] is None, "the summary request ended before the turn could come"
-        stopped, began = watch.seen[0][0], watch.seen[0][1]
+        while True:  # a summary request at temperature 0 that is writing a long reply
+            assert time.monotonic() < deadline, "no long summary request"
+            written = writing(port)
+            if written >= LONG and watch.seen and watch.seen[-1][2] is None and asked.calls[-1]["temperature"] == 0:
+                break
+            time.sleep(0.05)
+        stopped, began, call = watch.seen[-1][0], watch.seen[-1][1], asked.calls[-1]
         sent = time.monotonic()
         stream = client.chat.completions.create(
             model="smollm2",
@@ -107,12 +149,16 @@ def test_a_turn_during_a_summary_request_stops_it_and_it_is_asked_again(tmp_path
         watch.done.set()
         running.stop()
         stop(process)
-    again = watch.seen[1]  # the same request, asked again whole after the turn
-    assert again[2] is not None and len(watch.seen) >= 2
+    generated = re.findall(r"\|\s+eval time = +([\d.]+) ms / +(\d+) tokens", log.read_text())
+    fastest = min(float(ms) / int(n) for ms, n in generated if int(n) >= 8)  # ms a token written, the fastest
+    left = (call["tokens"] - written) * fastest / 1000  # the stopped request's tokens still to write, at the least
     print(
-        f"turn's first token {first - sent:.2f} s after it was sent, {first - began:.2f} s after the summary"
-        f" request began; that request asked again: {again[2] - again[1]:.2f} s; {len(watch.seen)} summary requests"
+        f"turn's first token {first - sent:.2f} s after it was sent, as the summary request"
+        f" ({first - began:.2f} s in) had {written} of its {call['tokens']} tokens written: {left:.2f} s of writing"
+        f" left at {fastest:.1f} ms a token; {len(watch.seen)} summary requests"
     )
-    assert again[1] > first  # asked again after the turn, in its pause
+    assert first - sent < left  # the turn's first token, before that summary would have ended
+    again = next(seen for seen in watch.seen if seen[1] > first)  # the same request, asked again whole
+    assert again[2] is not None and call["ended"] >= again[2] - 0.1  # its call returned with that reply
     chats = list((Path(os.environ["OTAKU_HOME"]) / "chats").glob("*.ctx-summaries"))
     assert chats and chats[0].read_text(encoding="utf-8").strip()  # the summaries, written after it
