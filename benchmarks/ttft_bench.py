@@ -24,7 +24,8 @@ Figures (2026-12-06, this 2-core machine, `-t 1`, think 5-20 s, reply 48; the fr
 first, then serve's, on one server): time to first token through serve median 4.99 s, p90
 39.52 s; the frontend alone median 13.43 s, p90 38.87 s; p90 ratio 1.02. Summary requests
 stopped by a turn: 24; summaries finished during the run: none (each SmolLM2 summary request
-at `-t 1` was longer than the pauses). docs/serve.md, "What the player sees", says what they
+at `-t 1` was longer than the pauses; run before the three-stops rule, which now writes those
+scenes as extracts). docs/serve.md, "What the player sees", says what they
 mean. Benchmarks report figures; no test asserts a time.
 """
 
