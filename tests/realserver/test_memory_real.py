@@ -122,13 +122,9 @@ def test_a_model_whose_summaries_are_all_turned_down_is_said(tmp_path: Path, cap
     said = [m for m in body["messages"] if m["role"] != "system"][:45]
     if said[-1]["role"] != "user":
         said = said[:-1]
+    scenes = SummarizeSettings(temperature=0.0, settle=8, min_chars=1500, min_messages=16)  # what 45 hold
     with caplog.at_level(logging.INFO, logger="otaku_ctx.serve"):
-        with frontend_session(
-            tmp_path, WINDOW, SummarizeSettings(temperature=0.0, settle=8, min_chars=1500, min_messages=16)
-        ) as (
-            running,
-            _,
-        ):
+        with frontend_session(tmp_path, WINDOW, scenes) as (running, _):
             client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=600)
             for _ in range(2):  # a Regenerate: the chat's second request makes it a chat, and its summaries start
                 client.chat.completions.create(model="smollm2", messages=[*frame, *said], max_tokens=8)  # type: ignore[arg-type]
