@@ -105,8 +105,9 @@ def streamed(running: Running) -> str:
     return "".join(c.choices[0].delta.content or "" for c in pieces if c.choices)
 
 
-def summaries_left(running: Running) -> int:
+def summaries_writing(running: Running) -> int:
+    """How many chats have summaries wanted or being written (`/ctx/stats`)."""
     host, port = address(running)
     connection = http.client.HTTPConnection(host, port, timeout=5)
     connection.request("GET", "/ctx/stats")
-    return sum(c["summaries_left"] for c in json.loads(connection.getresponse().read())["chats"])
+    return sum(c["summaries_writing"] for c in json.loads(connection.getresponse().read())["chats"])

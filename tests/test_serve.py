@@ -680,7 +680,7 @@ def test_summaries_are_written_in_the_background_and_used(stand_in: StandIn) -> 
         first = json.dumps(stand_in.bodies[-1]["messages"])
         assert "(provisional)" in first or "[Story so far" in first
         deadline = time.monotonic() + 60  # a hang guard
-        while json.loads(_get(running, "/ctx/stats"))["chats"][0]["summaries_left"] or not stand_in.summaries:
+        while json.loads(_get(running, "/ctx/stats"))["chats"][0]["summaries_writing"] or not stand_in.summaries:
             assert time.monotonic() < deadline
             time.sleep(0.1)
         time.sleep(0.3)
@@ -711,7 +711,7 @@ def test_a_model_whose_summaries_are_all_turned_down_is_said_once(
         for n in (60, 62, 80, 82):
             talk.chat.completions.create(model="local", messages=chat(n), max_tokens=200)
             deadline = time.monotonic() + 60
-            while json.loads(_get(running, "/ctx/stats"))["chats"][0]["summaries_left"] or not stand_in.summaries:
+            while json.loads(_get(running, "/ctx/stats"))["chats"][0]["summaries_writing"] or not stand_in.summaries:
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
             time.sleep(0.2)

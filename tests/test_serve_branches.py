@@ -11,7 +11,7 @@ from typing import Any
 
 import openai
 import pytest
-from raw_backend import summaries_left
+from raw_backend import summaries_writing
 from test_serve import chat, settings_for
 
 from otaku_ctx.serve.http import Service
@@ -47,7 +47,7 @@ def test_two_branches_played_in_turn_ask_each_scene_once_and_keep_their_own() ->
         client.chat.completions.create(model="m", messages=messages, max_tokens=100)
         deadline = time.monotonic() + 30
         time.sleep(0.3)
-        while summaries_left(running):
+        while summaries_writing(running):
             assert time.monotonic() < deadline
             time.sleep(0.1)
         time.sleep(0.3)

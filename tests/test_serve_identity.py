@@ -91,7 +91,7 @@ def test_two_chats_that_open_alike_write_their_own_summaries(serving: Running, s
             talk.chat.completions.create(model="m", messages=played(persona, n, who), max_tokens=100)
     deadline = time.monotonic() + 60
     while (
-        any(c["summaries_left"] for c in json.loads(_get(serving, "/ctx/stats"))["chats"])
+        any(c["summaries_writing"] for c in json.loads(_get(serving, "/ctx/stats"))["chats"])
         or len(list((Path(os.environ["OTAKU_HOME"]) / "chats").glob("*.ctx-summaries"))) < 2
     ):
         assert time.monotonic() < deadline
@@ -321,7 +321,7 @@ def test_a_chat_the_frontend_trims_is_that_chat_said_once_and_keeps_its_summarie
     for n in (61, 63):
         talk.chat.completions.create(model="m", messages=agnai(n), max_tokens=100)
     folder, deadline = Path(os.environ["OTAKU_HOME"]) / "chats", time.monotonic() + 60
-    while any(c["summaries_left"] for c in json.loads(_get(serving, "/ctx/stats"))["chats"]) or not any(
+    while any(c["summaries_writing"] for c in json.loads(_get(serving, "/ctx/stats"))["chats"]) or not any(
         folder.glob("*.ctx-summaries")
     ):
         assert time.monotonic() < deadline
@@ -393,7 +393,7 @@ def test_two_chats_that_open_alike_keep_their_own_summaries_across_a_restart(sta
                     other = "Bob" if who == "Alice" else "Alice"
                     assert f"{other} line" not in sent and players[other] not in sent, (who, n)
             deadline = time.monotonic() + 60
-            while any(c["summaries_left"] for c in json.loads(_get(serving, "/ctx/stats"))["chats"]):
+            while any(c["summaries_writing"] for c in json.loads(_get(serving, "/ctx/stats"))["chats"]):
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
         finally:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from raw_backend import address, summaries_left
+from raw_backend import address, summaries_writing
 from test_serve import chat, settings_for
 
 from otaku_ctx.serve.http import Service
@@ -94,7 +94,7 @@ def test_a_model_slower_than_the_players_pauses_gives_each_scene_its_extract(cap
         assert time.monotonic() - started < 2.0  # not behind the 3 s summary
         while (
             not list(home.glob("*.ctx-summaries"))
-            or json.loads(_get(running, "/ctx/stats"))["chats"][0]["summaries_left"]
+            or json.loads(_get(running, "/ctx/stats"))["chats"][0]["summaries_writing"]
         ):
             assert time.monotonic() < deadline, "the pass did not end"
             time.sleep(0.05)
@@ -185,7 +185,7 @@ def test_two_serves_on_one_sidecar_write_each_scene_once_and_keep_them_all() -> 
                 host, port = address(running)
                 connection = http.client.HTTPConnection(host, port, timeout=5)
                 connection.request("GET", "/ctx/stats")
-                left += sum(c["summaries_left"] for c in json.loads(connection.getresponse().read())["chats"])
+                left += sum(c["summaries_writing"] for c in json.loads(connection.getresponse().read())["chats"])
             if not left and stand_in.summaries:
                 break
             assert time.monotonic() < deadline
@@ -229,7 +229,7 @@ def test_two_serves_and_a_ctx_summarize_for_a_whole_run_keep_every_scene(tmp_pat
             client.chat.completions.create(model="m", messages=chat(n), max_tokens=200)
         time.sleep(0.3)
         deadline = time.monotonic() + 60
-        while summaries_left(running):
+        while summaries_writing(running):
             assert time.monotonic() < deadline
             time.sleep(0.1)
 
@@ -296,7 +296,7 @@ def test_a_hand_edit_made_while_serve_writes_wins_and_serve_s_pass_costs_what_it
         first["summary"] = "Edited by hand: the keeper hears the bell."
         sidecar.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")  # as an editor would: no lock
         time.sleep(0.2)
-        while summaries_left(running):
+        while summaries_writing(running):
             assert time.monotonic() < deadline
             time.sleep(0.1)
     finally:

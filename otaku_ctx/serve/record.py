@@ -125,6 +125,7 @@ def stats_of(sessions: Sessions) -> dict[str, Any]:
                 "chat": session.key,
                 "named": session.chat.named,
                 "case": turns[-1].case,
+                "summaries_writing": session.summaries.writing,
                 "summaries_left": session.summaries.left,
                 "summaries_failed": session.summaries.why,
                 "summaries": {

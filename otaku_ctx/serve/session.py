@@ -193,6 +193,13 @@ class SummaryState:
             return self.working is not None
 
     @property
+    def writing(self) -> bool:
+        """Whether summaries are wanted (waiting for the summarizer's thread) or being written: from
+        the turn that asks for them until the pass ends, with or without a plan yet."""
+        with self.lock:
+            return self.wanted is not None or self.working is not None
+
+    @property
     def left(self) -> int:
         """The summary requests still to send for the work under way."""
         with self.lock:

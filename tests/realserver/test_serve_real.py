@@ -124,7 +124,7 @@ def test_a_long_chat_played_through_serve(serving: tuple[Running, list[dict[str,
         client.chat.completions.create(messages=first, **ask)  # type: ignore[call-overload]
     assert "(provisional)" in json.dumps(sent[-1]["messages"]) or "Story so far" in json.dumps(sent[-1]["messages"])
     time.sleep(2)
-    while summaries_left(running):  # the rest of them (histories), before the turns are measured
+    while summaries_writing(running):  # the rest of them (histories), before the turns are measured
         assert time.monotonic() < deadline, "the summaries took too long"
         time.sleep(2)
 
@@ -161,9 +161,9 @@ def test_a_long_chat_played_through_serve(serving: tuple[Running, list[dict[str,
         chat.append({"role": "assistant", "name": "Keeper", "content": text or "(silence)"})
 
 
-def summaries_left(running: Running) -> int:
+def summaries_writing(running: Running) -> int:
     stats = json.loads(_get(running.url.removesuffix("/v1") + "/ctx/stats"))
-    return sum(chat["summaries_left"] for chat in stats["chats"])
+    return sum(chat["summaries_writing"] for chat in stats["chats"])
 
 
 def say(client: openai.OpenAI, chat: list[dict[str, Any]], ask: dict[str, Any], *, stream: bool) -> str:
