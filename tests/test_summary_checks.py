@@ -388,6 +388,42 @@ def test_the_extract_of_a_scene_of_greetings_and_facts_keeps_the_facts() -> None
     assert len(summary_extract(messages, 12).split()) <= 12 + 20  # within the words, the first sentence always
 
 
+@pytest.mark.parametrize(
+    ("text", "told"),
+    [
+        (
+            'Hello there. "Who are you?" she asked... Then (quietly!) left',
+            ["Hello there.", '"Who are you?"', "she asked...", "Then (quietly!)", "left"],
+        ),
+        ("雨が降った。彼は来なかった！「本当？」はい", ["雨が降った。", "彼は来なかった！", "「本当？」", "はい"]),
+        ("v1.2 is out. e.g. this", ["v1.2 is out.", "e.g.", "this"]),  # a stop inside a word ends nothing
+        ("...", ["..."]),
+        ("", []),
+    ],
+)
+def test_a_message_is_cut_into_its_sentences_at_its_ends_and_at_full_width_ends(text: str, told: list[str]) -> None:
+    from otaku_ctx.summarize.extract import sentences
+
+    assert sentences(text) == told
+
+
+def test_a_text_with_no_sentence_end_is_one_sentence_within_the_words_and_characters() -> None:
+    """Pasted text with no full stop, and Japanese with none (one "word" to a split): each is one
+    sentence, cut at 30 words or 240 characters; and the text past the cut is never scanned
+    again from each of its positions (issue 45: 4,000 words took 10 s, 100,000 messages never
+    ended)."""
+    from otaku_ctx.summarize.extract import MOST_SENTENCE_CHARS, MOST_SENTENCE_WORDS, sentences
+
+    [english] = sentences(" ".join(f"word{k} and" for k in range(2000)))
+    assert english.endswith("…") and len(english[:-1].split()) == MOST_SENTENCE_WORDS
+    [japanese] = sentences("雨が降っていたので彼は港に来なかった" * 500)
+    assert japanese.endswith("…") and len(japanese) == MOST_SENTENCE_CHARS + 1
+    long_words = sentences(" ".join(["antidisestablishmentarianism"] * 29))
+    assert len(long_words[0]) <= MOST_SENTENCE_CHARS + 1 and long_words[0].endswith("m…")  # cut at a space
+    dots = sentences("." * 100_000 + "a")  # a run of stops before a letter: matched once, not from each dot
+    assert dots == ["." * MOST_SENTENCE_CHARS + "…"]
+
+
 def test_the_hey_ben_history_is_turned_down() -> None:
     """The history SmolLM2 wrote for a dialogue of Jon and Gina (issue 36), as it was."""
     ben = (

@@ -21,8 +21,15 @@ from ..story.speakers import UNNAMED, Speakers
 from .checks import NUMBER, STOPWORDS, WORD, written_names
 
 EXTRACT = "ctx extract"  # the `model` of a record ctx wrote from the scene's own lines
-SENTENCE = re.compile(r"(.+?[.!?…]+[\"'”’)\]]*)(?:\s|$)", re.DOTALL)
+#: a run of sentence ends, with the quotes and brackets that close after them: a sentence ends
+#: there when a blank or the text's end follows, or at once after a full-width end (。！？, in
+#: scripts written without spaces). Each run is matched once and its start never rescanned, so
+#: splitting is linear in the text whatever it holds (no full stop, one huge message).
+ENDS = re.compile(r"[.!?…。！？]+[\"'”’)\]」』）]*")
+FULL_WIDTH_ENDS = frozenset("。！？")
 MOST_SENTENCE_WORDS = 30
+#: ... and at most this many characters: a sentence in a script written without spaces is one "word"
+MOST_SENTENCE_CHARS = 240
 #: a sentence this short that names no one but the scene's speakers and holds no number tells no fact
 GREETING_WORDS = 3
 MONTHS = re.compile(
@@ -51,19 +58,28 @@ def summary_extract(messages: Sequence[Message], words: int, speakers: Speakers 
 
 
 def sentences(text: str) -> list[str]:
-    """A message's sentences (its last one unended, too), each cut at `MOST_SENTENCE_WORDS` words."""
+    """A message's sentences (its last one unended, too), each cut at `MOST_SENTENCE_WORDS`
+    words and `MOST_SENTENCE_CHARS` characters. Linear in the text (`ENDS`)."""
     flat = " ".join(text.split())
-    found, end = [], 0
-    for match in SENTENCE.finditer(flat):
-        found.append(match[1])
-        end = match.end()
-    if flat[end:].strip():
-        found.append(flat[end:].strip())
-    cut = []
-    for sentence in found:
-        parts = sentence.split()
-        cut.append(" ".join(parts[:MOST_SENTENCE_WORDS]) + ("…" if len(parts) > MOST_SENTENCE_WORDS else ""))
-    return [c for c in cut if c]
+    found, start = [], 0
+    for end in ENDS.finditer(flat):
+        stop = end.end()
+        if stop == len(flat) or flat[stop] == " " or not FULL_WIDTH_ENDS.isdisjoint(end[0]):
+            found.append(flat[start:stop].strip())
+            start = stop
+    found.append(flat[start:].strip())
+    return [cut for cut in map(shortened, found) if cut]
+
+
+def shortened(sentence: str) -> str:
+    """`sentence` within `MOST_SENTENCE_WORDS` words and `MOST_SENTENCE_CHARS` characters, "…"
+    where it was cut."""
+    parts = sentence.split(" ", MOST_SENTENCE_WORDS)
+    cut = " ".join(parts[:MOST_SENTENCE_WORDS])
+    if len(cut) > MOST_SENTENCE_CHARS:
+        cut = cut[:MOST_SENTENCE_CHARS]
+        cut = cut.rsplit(" ", 1)[0] if " " in cut[MOST_SENTENCE_CHARS // 2 :] else cut
+    return cut + ("…" if len(cut) < len(sentence) else "")
 
 
 def rare_words(text: str) -> frozenset[str]:
