@@ -339,3 +339,61 @@ def test_a_walk_kept_from_before_a_summary_changed_is_walked_again(long_story: S
     whole, resumed = pipeline.build(changed), pipeline.build(changed, resume=walked)
     assert walked is not None and resumed.prompt == whole.prompt
     assert resumed.assembly.walked == whole.assembly.walked
+
+
+@settings(max_examples=examples(10))
+@given(chained_stories(), shapes, st.data())
+def test_the_walks_cheapest_level_is_the_least_of_the_levels_priced_one_by_one(
+    s: Story, shape: Shape, data: st.DataObject
+) -> None:
+    """Under pressure the walk takes a chain's cheapest level (`roomiest`), read from a table
+    in two lookups: the level each range's levels, priced one by one, would give (the lowest
+    of equals; none where no level has a history)."""
+    from otaku_ctx.assemble.search import Search
+    from otaku_ctx.assemble.stable import Stable
+
+    walk = Stable(Search(s, shape, 10**9, 0, TemplatePricer(renderer_for(s, load_settings()), COUNTER)), 0.03)
+    top = len(walk.run)
+    for _ in range(15):
+        low, high = data.draw(st.integers(1, top + 1)), data.draw(st.integers(0, top))
+        levels = [k for k in range(low, high + 1) if k in walk.histories]
+        want = min(levels, key=lambda k: (walk.level_cost[k], k), default=None)
+        assert walk.cheapest_level(low, high) == want
+
+
+def test_a_turn_builds_each_tail_targets_rung_once_however_many_candidates_it_tries(
+    long_story: Story, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A window nothing fits: the last turn tries every candidate of every chain (each level of
+    each), yet builds each tail target's rung (its chain, its tail's price) once, and prices a
+    level from the walk's prices: a turn's work grows with the scenes, not with their square
+    (a 24,000-message chat's first turn took 62 s, now 12 s)."""
+    from otaku_ctx.assemble.stable import Stable
+
+    built: list[int] = []
+    tried: list[tuple[int, int]] = []
+    rung, ordered = Stable.rung, Stable.ordered
+    monkeypatch.setattr(Stable, "rung", lambda self, target, base: built.append(target) or rung(self, target, base))
+    monkeypatch.setattr(
+        Stable, "ordered", lambda self, n, floor: (tried.append(c) or c for c in ordered(self, n, floor))
+    )
+    shape = Shape()
+    a, _ = assemble_at(long_story, shape, 2_000, STABLE)
+    assert a.refusal is not None and len(set(tried)) > 3 * len(rungs(shape, len(long_story)))
+    assert len(built) == len(set(built)) <= len(rungs(shape, len(long_story)))
+
+
+def test_a_levels_price_from_the_walk_is_its_parts_priced_one_by_one(long_story: Story) -> None:
+    """What a candidate's level adds to its rung, read from the walk's prefix sums, is its
+    history and the summaries after it priced part by part, as the search prices them."""
+    from otaku_ctx.assemble.parts import Part
+    from otaku_ctx.assemble.search import Search
+    from otaku_ctx.assemble.stable import Stable
+
+    pricer = TemplatePricer(renderer_for(long_story, load_settings()), COUNTER)
+    walk = Stable(Search(long_story, Shape(), 10**9, 0, pricer), 0.03)
+    for m in range(len(walk.run) + 1):
+        for k in [0, *(k for k in range(1, m + 1) if k in walk.histories)]:
+            history = pricer.recap_part(Part("history", scene=walk.run[k - 1])) if k else 0
+            summaries = sum(pricer.recap_part(Part("summary", scene=s)) for s in walk.run[k:m])
+            assert walk.recap_price(m, k) == history + summaries, (m, k)

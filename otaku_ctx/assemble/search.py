@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from ..story.model import Message, Role, Scene, Story
-from .parts import Assembly, Part, Pricer, Refusal, Shape
+from .parts import Assembly, Part, Pricer, Refusal, SceneRef, Shape
 from .sections import (
     Chain,
     capped_sum,
@@ -55,6 +55,11 @@ class Rung:
     base: int  # the fixed frame and the head
     tail_cost: int
     recap_cost: int = 0  # the recap's opening and its cards: what every level pays alike
+
+    @cached_property
+    def scenes(self) -> tuple[SceneRef, ...]:
+        """Its chain's scenes by reference, as each candidate tried at it records them: once a rung."""
+        return refs(self.chain.scenes)
 
     @property
     def fixed_cost(self) -> int:
@@ -132,7 +137,7 @@ class Search:
         """Test a candidate for fit: by its parts' prices, then by what would really be
         emitted. Prices are exact but for tokens that join across a boundary, so a candidate
         within a hair of the limit is rendered and counted before it is given up."""
-        scenes = refs(rung.chain.scenes)
+        scenes = rung.scenes
         if estimate > self.limit + near_miss(self.limit):
             self.record(Tried(rung.target, level, scenes, estimate, self.limit, rendered=False))
             return None

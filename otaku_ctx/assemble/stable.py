@@ -7,6 +7,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import cached_property
 from itertools import accumulate
 
 from ..story.model import Message, Role, Scene
@@ -276,13 +277,38 @@ class Stable:
             if floor is not None and m < floor[0]:
                 continue
             plain = self.estimate((m, 0), n)
-            levels = [k for k in range(max(low, 1), m + 1) if k in self.histories]
-            best = min(levels, key=lambda k: (self.level_cost[k], k), default=None)
+            best = self.cheapest_level(max(low, 1), m)
             if low == 0 and (best is None or self.level_cost[best] >= 0):
                 best = 0
             if best is not None and plain + (self.level_cost[best] if best else 0) <= self.search.limit:
                 return (m, best)
         return None
+
+    def cheapest_level(self, low: int, high: int) -> int | None:
+        """The level in low..high that adds the least (`level_cost`; the lowest of equals), None
+        when none there has a history: two lookups in `least_levels`, however many levels."""
+        if high < low:
+            return None
+        row = (high - low + 1).bit_length() - 1
+        table = self.least_levels[row]
+        best = min(table[low], table[high - (1 << row) + 1], key=lambda k: (self.level_cost[k], k))
+        return best if self.level_cost[best] < math.inf else None
+
+    @cached_property
+    def least_levels(self) -> list[list[int]]:
+        """A sparse table of the levels: row r's entry at k is the level in k..k+2^r−1 that adds
+        the least (the lowest of equals), so the walk's every move under pressure (`roomiest`)
+        reads a chain's cheapest level in two lookups, not by pricing each level."""
+        key = self.level_cost.__getitem__
+        rows = [list(range(len(self.level_cost)))]
+        width = 1
+        while 2 * width <= len(self.level_cost):
+            last = rows[-1]
+            rows.append([
+                min(last[k], last[k + width], key=lambda j: (key(j), j)) for k in range(len(last) - width)
+            ])  # fmt: skip
+            width *= 2
+        return rows
 
     @property
     def slack_tokens(self) -> int:
@@ -351,6 +377,16 @@ class Stable:
         recap = search.recap_cost(chain.scenes, opening) if chain.scenes else 0
         return Rung(target, chain, opening, ending, base, tail_cost, recap)
 
+    def recap_price(self, m: int, k: int) -> int:
+        """What level k of the chain of the run's first m scenes (a chain is always the run's
+        start: `covered_chain`) prices beyond its rung: scene k's history and the summaries after
+        it, from the walk's prices of the same parts (a level with no history is priced as is)."""
+        if k and k not in self.histories:
+            history = self.search.pricer.recap_part(Part("history", scene=self.run[k - 1]))
+        else:
+            history = self.histories[k] if k else 0
+        return history + self.summaries[m] - self.summaries[k]
+
     def fitting(self) -> Iterator[tuple[Candidate, Assembly]]:
         """Every candidate of the last turn that fits the limit, in the seed's order, each
         confirmed by its emitted count as the search confirms the one it picks: what any
@@ -366,11 +402,8 @@ class Stable:
             rung = self.rung(self.target(m, n), base)
             if len(rung.chain.scenes) != m:
                 continue
-            pricer = search.pricer
             for k in levels:
-                history = pricer.recap_part(Part("history", scene=self.run[k - 1])) if k else 0
-                summaries = sum(pricer.recap_part(Part("summary", scene=s)) for s in rung.chain.scenes[k:])
-                found = search.confirm(rung, k if m else None, rung.fixed_cost + history + summaries)
+                found = search.confirm(rung, k if m else None, rung.fixed_cost + self.recap_price(m, k))
                 if found is not None:
                     yield (m, k), found
 
@@ -382,18 +415,17 @@ class Stable:
         base = self.fixed + self.prefix[len(opening)]
         search.record(HeadPriced(ends(opening), base - self.fixed, self.fixed, search.limit))
         tried = [held] if held is not None else []
+        at: dict[int, Rung] = {}  # each tail target's rung, built once: its candidates differ by level alone
         for candidate in dict.fromkeys([*tried, *self.ordered(n, held)]):
             m, k = candidate
             target = self.target(m, n)
-            rung = self.rung(target, base)
+            rung = at[target] if target in at else at.setdefault(target, self.rung(target, base))
             if len(rung.chain.scenes) != m:  # not a candidate at this turn after all
                 continue
             if candidate != held:
                 since, changes = n, changes + (held is not None)
                 held = candidate
-            history = self.search.pricer.recap_part(Part("history", scene=self.run[k - 1])) if k else 0
-            summaries = sum(self.search.pricer.recap_part(Part("summary", scene=s)) for s in rung.chain.scenes[k:])
-            found = search.confirm(rung, k if m else None, rung.fixed_cost + history + summaries)
+            found = search.confirm(rung, k if m else None, rung.fixed_cost + self.recap_price(m, k))
             if found is not None:
                 room = search.limit - found.tokens
                 recent = self.prefix[n] - self.prefix[max(len(opening), n - 10)]
