@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -71,9 +72,32 @@ def test_a_request_of_more_messages_than_any_story_is_a_413_at_once(
     assert raw.asked == 0  # refused before any assembly: the backend never asked
 
 
-def test_a_long_chat_s_turn_holds_up_no_other_chat_s(raw: RawBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+def pasted_book(n: int) -> list[dict[str, Any]]:
+    """A chat of `n` messages whose first user message is 250,000 characters with no full stop."""
+    messages = chat(n)
+    first = next(i for i, m in enumerate(messages) if m["role"] == "user")
+    messages[first] = {**messages[first], "content": "and the boat drifts on " * 11_000}
+    return messages
+
+
+@pytest.mark.parametrize(
+    ("long_chat", "is_long"),
+    [
+        (lambda: chat(60), lambda messages: len(messages) > 40),  # LONG_CHAT made 40 below
+        (lambda: pasted_book(8), lambda messages: any(len(m["content"]) > 100_000 for m in messages)),
+    ],
+    ids=["many messages", "few messages, 250,000 characters"],
+)
+def test_a_long_chat_s_turn_holds_up_no_other_chat_s(
+    raw: RawBackend,
+    monkeypatch: pytest.MonkeyPatch,
+    long_chat: Callable[[], list[dict[str, Any]]],
+    is_long: Callable[[list[dict[str, Any]]], bool],
+) -> None:
     """A long chat's first turn (here held until released, as a 150,000-message chat's takes 7 s)
-    runs on the long chats' worker: another chat's turn is answered meanwhile."""
+    runs on the long chats' worker: another chat's turn is answered meanwhile. A chat is long by
+    its messages (`LONG_CHAT`) or by its characters (`LONG_CHAT_CHARACTERS`: a pasted book in a
+    chat of eight messages)."""
     import threading
 
     from otaku_ctx.serve import http, setup
@@ -85,7 +109,7 @@ def test_a_long_chat_s_turn_holds_up_no_other_chat_s(raw: RawBackend, monkeypatc
     held, release = threading.Event(), threading.Event()
 
     def heavy(turn: Any, *rest: Any) -> Any:
-        if len(turn.body["messages"]) > 40:
+        if is_long(turn.body["messages"]):
             held.set()
             release.wait(30)
         return assemble_turn(turn, *rest)
@@ -93,7 +117,7 @@ def test_a_long_chat_s_turn_holds_up_no_other_chat_s(raw: RawBackend, monkeypatc
     monkeypatch.setattr(http, "assemble_turn", heavy)
     running = Running(service)
     client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30)
-    long = threading.Thread(target=lambda: client.chat.completions.create(model="m", messages=chat(60)))
+    long = threading.Thread(target=lambda: client.chat.completions.create(model="m", messages=long_chat()))
     try:
         long.start()
         assert held.wait(10)

@@ -74,7 +74,7 @@ class Service:
         self.sessions = Sessions()
         self.gate = Gate()
         self.summarizer = (
-            Summarizer(self.store, self.gate, lambda chat, work: self.lanes.counting(len(chat.turn.sent), work))
+            Summarizer(self.store, self.gate, lambda chat, work: self.lanes.counting(chat.turn.sent, work))
             if s.summarize
             else None
         )
@@ -90,7 +90,7 @@ class Service:
         if "chat" in request.match_info:  # named in the URL, for a frontend that can set nothing else
             headers = {**request.headers, HEADER: request.match_info["chat"]}
         turn = parse(await read_json(request, self.settings.serve.max_body), headers, self.settings.serve)
-        lane = self.lanes.lane(turn.messages)
+        lane = self.lanes.lane(turn.body["messages"])
         with self.gate.live():
             setup = await lane.run(lambda: self.lanes.setup(lane, str(turn.body.get("model") or "")))
             window = await lane.run(lambda: self.lanes.window(setup.settings))

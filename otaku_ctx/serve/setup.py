@@ -3,8 +3,9 @@
 The first chat request works out the settings for the backend (`counted`: the model's parts, and
 the server's own tokenizer where it has one and the user named none) and serve's small-window
 ladder (`assemble.ladder`). ctx's own work runs beside the event loop on a worker thread (`Lane`):
-one for the chats of fewer than `LONG_CHAT` messages and one for the longer, so that a long
-chat's first turn (seconds, at 100,000 messages) holds up no other chat's. A counter is one
+one for the chats of fewer than `LONG_CHAT` messages and `LONG_CHAT_CHARACTERS` characters, one
+for the longer, so that a long chat's first turn (seconds, at 100,000 messages) holds up no other
+chat's. A counter is one
 thread's, so each lane has its own.
 """
 
@@ -13,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..backend import Backend, NoTokenizer
 from ..build import counter_for, with_model
@@ -29,6 +30,24 @@ T = TypeVar("T")
 
 #: a chat of this many messages or more is long: its turns run on the long chats' worker
 LONG_CHAT = 5000
+#: ... and one of this many characters or more, however few its messages (a pasted book): its
+#: first turn's text work (its sentences, extracts and counts) takes a good part of a second
+LONG_CHAT_CHARACTERS = 200_000
+
+
+def characters(messages: Sequence[Any]) -> int:
+    """The characters of a request's messages' text (a string content, or its text parts), up to
+    `LONG_CHAT_CHARACTERS`: what tells a long chat of few messages."""
+    total = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+        if total >= LONG_CHAT_CHARACTERS:
+            break
+    return total
 
 
 def serving(settings: Settings) -> Settings:
@@ -126,9 +145,9 @@ class Lanes:
         self.lanes = (Lane("ctx-serve"), Lane("ctx-serve-long"))  # the chats of fewer than LONG_CHAT, the longer
         self._lock = threading.Lock()
 
-    def lane(self, messages: int) -> Lane:
-        """The lane of a chat of this many messages."""
-        return self.lanes[messages >= LONG_CHAT]
+    def lane(self, messages: Sequence[Any]) -> Lane:
+        """The lane of a chat whose request holds these `messages` (as decoded)."""
+        return self.lanes[len(messages) >= LONG_CHAT or characters(messages) >= LONG_CHAT_CHARACTERS]
 
     def setup(self, lane: Lane, model_name: str = "") -> Setup:
         """`lane`'s setup, made once: the first lane's first, and the other's a copy with a counter
@@ -156,9 +175,9 @@ class Lanes:
             return self.settings.model.window
         return self.backend.window() or settings.model.window
 
-    def counting(self, messages: int, work: Callable[[TokenCounter], T]) -> T:
-        """`work` with the counter of a chat of this many `messages`, on its lane's thread, from
-        another (the summarizer's)."""
+    def counting(self, messages: Sequence[Any], work: Callable[[TokenCounter], T]) -> T:
+        """`work` with the counter of a chat whose request held these `messages`, on its lane's
+        thread, from another (the summarizer's)."""
         lane = self.lane(messages)
         return lane.wait(lambda: work(self.setup(lane).count))
 
