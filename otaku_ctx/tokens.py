@@ -120,6 +120,14 @@ class TokenCounter:
             self._cache.keep(text, cached)
         return cached  # type: ignore[return-value]
 
+    def forget(self) -> None:
+        """Forget every count kept (what a counter that counted some texts by a fallback does
+        once its own counting is back: `model.server.ServerCounter.afresh`)."""
+        self._cache, self._contexts = _Cache(), _Cache()
+
+    def afresh(self) -> None:
+        """A new turn of `ctx serve`: nothing to do but for a counter that can fall back."""
+
     def chat(self, messages: Sequence[Mapping[str, Any]]) -> int | None:
         """The tokens of a chat of `messages` as the model is given it (its chat template
         applied), where this counter knows the template (a server that applies it on

@@ -747,3 +747,66 @@ def test_a_built_chat_is_exactly_what_the_server_counts(serve: Any, tmp_path: Pa
     sent = json.loads(built.prompt)
     assert built.assembly.tokens == counter.chat(sent) == 1 + toy_count(chatml(sent)) <= 1100
     assert built.assembly.tokens > sum(toy_count(m["content"]) + 4 for m in sent) + 3  # more than OpenAI's rule says
+
+
+# serve: a turn whose count the server fails is counted with a margin, and answered ------------
+
+
+@pytest.mark.parametrize("failure", ["500", "junk", "timeout"])
+def test_serve_answers_a_turn_the_tokenize_endpoint_fails_with_one_call_and_a_margin(
+    serve: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, failure: str
+) -> None:
+    """llama.cpp's /tokenize answers 500, a reply with no count, or nothing in time, from the
+    second turn on: each of those turns asks it once, is counted by cl100k_base with a margin,
+    and is answered, not a 502 (issue 45: every turn failed); the log says why once. When the
+    endpoint is back, the next turn counts with the server again."""
+    import time
+    from dataclasses import replace
+
+    import openai
+
+    from otaku_ctx.config import load_settings
+    from otaku_ctx.model import resolve
+    from otaku_ctx.serve.http import Service
+    from otaku_ctx.serve.listen import Running
+
+    monkeypatch.setattr(resolve, "COUNT_TIMEOUT", 0.5)
+    dialect = Llama()
+    server = serve(dialect)
+    counts = dialect.tokenize
+    settings = load_settings(None, {})
+    settings = replace(settings, serve=replace(settings.serve, backend=server.url, port=0, summarize=False))
+    running = Running(Service(settings))
+    talk = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30)
+    chat = [{"role": "system", "content": "You are Mira."}, {"role": "user", "content": "Hello there."}]
+
+    def turn(said: str) -> str:
+        chat.append({"role": "assistant", "content": "llama.cpp says hello"})
+        chat.append({"role": "user", "content": said})
+        before = server.tokenized
+        reply = talk.chat.completions.create(model="m", messages=chat, max_tokens=20)
+        assert reply.choices[0].message.content == "llama.cpp says hello"
+        return f"{server.tokenized - before}"  # the tokenize calls it made
+
+    def failing(body: dict[str, Any]) -> Any:
+        if failure == "timeout":
+            time.sleep(1.5)
+            return counts(body)
+        return {"tokens": "many"}
+
+    try:
+        assert turn("A first turn, counted by the server.") != "0"
+        if failure == "500":
+            server.broken = 500
+        else:
+            dialect.tokenize = failing  # type: ignore[method-assign]
+        asked = [turn(f"Turn {n}: the lamp is lit again, and the tide is high.") for n in range(3)]
+        server.broken = None
+        dialect.tokenize = counts  # type: ignore[method-assign]
+        back = turn("The endpoint is back: this is counted by the server.")
+    finally:
+        running.stop()
+    assert asked == ["1"] * 3, asked  # one failed call a turn, however many texts are new
+    assert back != "0"
+    said = [r.getMessage() for r in caplog.records if "counting with cl100k_base and a margin" in r.getMessage()]
+    assert len(said) == 1, said

@@ -215,15 +215,22 @@ def server_window(server: str, model: str = "") -> int | None:
     return backend(server, model).window()
 
 
+#: seconds a count (a tokenize request) may take before the server is taken not to answer: a
+#: 50 MB text takes llama-server some seconds; a server that hangs must not hold a turn for the
+#: five minutes a reply may take
+COUNT_TIMEOUT = 60.0
+
+
 @lru_cache(maxsize=4)
 def backend(server: str, model: str) -> Backend:
     """One `Backend` a server and model in a run: the window and the counter ask the same one,
     so the server is found out once. One retry after a short wait, as serve's: a build that
-    counts with a server that is down says so at once (the default's three took 7 s)."""
+    counts with a server that is down says so at once (the default's three took 7 s). Each
+    request waits `COUNT_TIMEOUT` at most."""
     from ..backend import Backend, BadURL, Retry
     from ..errors import UsageError
 
     try:
-        return Backend(server, model, retry=Retry(attempts=1, backoff=0.25))
+        return Backend(server, model, retry=Retry(attempts=1, backoff=0.25), timeout=COUNT_TIMEOUT)
     except BadURL as exc:  # a URL no request can be sent to is a usage error, named by the setting
         raise UsageError("--server", "model.server", str(exc)) from None

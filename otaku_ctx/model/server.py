@@ -4,19 +4,23 @@ definition, with a persistent count cache so that a rebuild asks only for what i
 The server is asked through `backend.Backend` (llama.cpp, vLLM, KoboldCpp, TabbyAPI: see
 `backend/servers.py`): each text as the server parses a prompt (special tokens parsed, no
 BOS), once. What the server adds to a whole prompt is learned once per server model (a short
-text counted with and without its additions) and kept in the same cache. Nothing falls back:
-a server that does not answer, or has no tokenize endpoint, is a one-line error.
+text counted with and without its additions) and kept in the same cache. For `ctx build`
+nothing falls back: a server that does not answer, or has no tokenize endpoint, is a one-line
+error. `ctx serve` gives its counter a fallback (`fall_back`): a turn whose count the server
+fails (an error status, a reply with no count, a timeout) is counted by the fallback with a
+margin, and answered.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-from ..backend import Backend
+from ..backend import Backend, BackendError, NoTokenizer
 from ..backend.servers import LLAMA_CPP
 from ..tokens import TokenCounter
 from .counts import CountStore, meta_key, text_key
@@ -27,6 +31,8 @@ PROBE = "Hello"
 JOBS = 4
 #: the chats whose templated count is kept (a turn confirms a few candidates)
 MOST_CHATS = 256
+#: while the server fails to count, the fallback's count is raised by this share (`fall_back`)
+MARGIN = 0.1
 #: the chat whose templated count, against its first two messages', tells what a message costs
 #: beyond its content (`ServerCounter.chat_overhead`)
 CALIBRATION = (
@@ -50,6 +56,33 @@ class ServerCounter(TokenCounter):
         )
         self._chats: dict[str, int] | Literal[False] = {}  # False: the server applies no template on request
         self._overhead: tuple[int, int] | Literal[False] | None = None
+        self._local: TokenCounter | None = None  # what counts while the server fails (`fall_back`)
+        self._told: Callable[[str], None] = lambda why: None
+        self.failing = ""  # why the server failed to count this turn ("" while it counts)
+
+    def fall_back(self, local: TokenCounter, told: Callable[[str], None]) -> None:
+        """`ctx serve`'s: when the server fails to count (`BackendError`: an error status, a
+        reply with no count, a timeout, gone), count with `local` raised by `MARGIN` for the
+        rest of the turn, the server's counts kept before kept, and tell `told` why. The next
+        turn asks the server again (`afresh`): one failed call a turn, not one a text."""
+        self._local, self._told = local, told
+
+    def afresh(self) -> None:
+        """A new turn: after a turn that fell back, the server is asked again, and the estimates
+        made meanwhile are forgotten (an exact count replaces each)."""
+        if self.failing:
+            self.failing = ""
+            self.forget()
+
+    def _failed(self, why: BackendError) -> None:
+        if self._local is None:
+            raise why
+        self.failing = str(why)
+        self._told(self.failing)
+
+    def _estimate(self, text: str) -> int:
+        assert self._local is not None
+        return math.ceil(self._local(text) * (1 + MARGIN))
 
     def _what_it_adds(self) -> int:
         key = meta_key("added")
@@ -62,22 +95,37 @@ class ServerCounter(TokenCounter):
     def _one(self, text: str) -> int:
         key = text_key(text)
         found = self.store.get(key)
-        if found is None:
-            found = self.backend.count(text)
-            self.store.add({key: found})
-        return found
+        if found is not None:
+            return found
+        if not self.failing:
+            try:
+                found = self.backend.count(text)
+            except NoTokenizer:  # it has no endpoint after all (a server swapped under serve)
+                raise
+            except BackendError as why:
+                self._failed(why)
+            else:
+                self.store.add({key: found})
+                return found
+        return self._estimate(text)
 
     def chat(self, messages: Sequence[Mapping[str, Any]]) -> int | None:
         """The chat as the server's template gives it to the model, counted by the server
         (`Backend.chat_count`: llama.cpp's `/apply-template`); None where it cannot say. Each
         distinct chat is asked once while it is recent (a turn's candidates are confirmed by
         it)."""
-        if self._chats is False:
+        if self._chats is False or self.failing:
             return None
         key = json.dumps(messages, ensure_ascii=False, sort_keys=True)
         found = self._chats.get(key)
         if found is None:
-            asked = self.backend.chat_count([dict(m) for m in messages])
+            try:
+                asked = self.backend.chat_count([dict(m) for m in messages])
+            except NoTokenizer:
+                raise
+            except BackendError as why:
+                self._failed(why)
+                return None
             if asked is None:
                 self._chats = False
                 return None
@@ -92,6 +140,8 @@ class ServerCounter(TokenCounter):
         message's tokens beyond its content's, and the prompt's beyond its messages'."""
         if self._overhead is None:
             two, four = self.chat(CALIBRATION[:2]), self.chat(CALIBRATION)
+            if self.failing:  # not measured this turn: asked again the next
+                return None
             if two is None or four is None:
                 self._overhead = False
             else:

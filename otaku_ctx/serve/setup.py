@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 from ..backend import Backend, NoTokenizer
 from ..build import counter_for, with_model
 from ..config import SERVE_DEFAULTS, ModelSettings, Settings
-from ..tokens import TokenCounter
+from ..model.server import MARGIN, ServerCounter
+from ..tokens import TokenCounter, make_counter
 from .assemble import ladder
 
 log = logging.getLogger("otaku_ctx.serve")
@@ -90,7 +91,7 @@ def counted(settings: Settings, backend: Backend) -> tuple[Settings, TokenCounte
         if server.counts:
             served = replace(settings, model=replace(model, tokenizer="server", server=model.server or backend.url))
             try:
-                return served, counter_for(served)
+                return served, serve_counter(served)
             except NoTokenizer as why:
                 log.warning("counting with %s: %s", model.tokenizer, why)
         else:
@@ -99,7 +100,28 @@ def counted(settings: Settings, backend: Backend) -> tuple[Settings, TokenCounte
                 model.tokenizer,
             )
     settings = with_model(settings)
-    return settings, counter_for(settings)
+    return settings, serve_counter(settings)
+
+
+def serve_counter(settings: Settings) -> TokenCounter:
+    """A fresh counter for `settings` (`build.counter_for`); one that asks the server falls back
+    to cl100k_base with a margin for a turn whose count the server fails (`ServerCounter.fall_back`),
+    said in the log once for each reason, so a tokenize endpoint that answers 500, junk or
+    nothing in time costs one call a turn and answers the turn."""
+    count = counter_for(settings)
+    if isinstance(count, ServerCounter):
+        said: set[str] = set()
+
+        def told(why: str) -> None:
+            if why not in said:
+                said.add(why)
+                log.warning(
+                    "counting with cl100k_base and a margin of %d %% this turn: the server did not count (%s);"
+                    " it is asked again each turn", round(MARGIN * 100), why,
+                )  # fmt: skip
+
+        count.fall_back(make_counter("cl100k_base"), told)
+    return count
 
 
 @dataclass(frozen=True)
@@ -162,7 +184,7 @@ class Lanes:
                 self.made(self.backend, settings)
             assert first.setup is not None
             if lane.setup is None:
-                lane.set_up(replace(first.setup, count=counter_for(first.setup.settings)))
+                lane.set_up(replace(first.setup, count=serve_counter(first.setup.settings)))
             assert lane.setup is not None
             return lane.setup
 

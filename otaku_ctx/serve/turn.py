@@ -32,6 +32,7 @@ def assemble_turn(
 ) -> tuple[Session | None, Assembled]:
     """The turn as sent on, and its chat's session (None for a probe, which is answered as it is
     and remembered nowhere)."""
+    setup.count.afresh()  # a counter that fell back last turn asks its server again
     if request.chat.probe:
         probe = chat_story(request.body)
         assembled = assemble_chat(probe, setup.rungs, setup.count, window=window, max_tokens=request.max_tokens)
