@@ -30,26 +30,45 @@ class Prices:
     """Derived prices kept from one build to the next (a pipeline's every turn): a derived price
     is a function of the stand-in render's pieces, the part's texts and the counter alone, so it
     is keyed by exactly those — a changed frame renders other pieces, and so other keys. At most
-    `MOST` prices are kept; past that the memo starts again."""
+    `MOST` shapes, and `MOST_CHARACTERS` characters in the pieces and texts it holds, are kept;
+    past either the memo starts again (a server's chats each with a frame of its own: 5,000 of
+    them held 260 MB before the second bound). A shape's id is never given twice, so a pricer
+    that kept an id from before a new start never reads another shape's price."""
 
     MOST = 200_000
+    #: about 8 MB held as one byte a character, 32 MB at worst (a text of emoji)
+    MOST_CHARACTERS = 8_000_000
 
     def __init__(self) -> None:
         self.shapes: dict[tuple[bool, tuple[str, ...], tuple[str, ...]], int] = {}
         self.prices: dict[tuple[int, str, str, str], int] = {}
         # stand-in renders, keyed by everything a render reads (`TemplatePricer.frame`) and the parts
         self.renders: dict[tuple[Any, ...], list[str]] = {}
+        self.characters = 0  # in the pieces and texts held (`hold`)
+        self._next_id = 0
 
     def shape_id(self, chat: bool, old: list[str], new: list[str]) -> int:
         key = (chat, tuple(old), tuple(new))
         found = self.shapes.get(key)
         if found is None:
             if len(self.shapes) >= self.MOST:
-                self.shapes.clear()
-                self.prices.clear()
-                self.renders.clear()
-            found = self.shapes[key] = len(self.shapes)
+                self.clear()
+            self.hold(sum(map(len, old)) + sum(map(len, new)))
+            found = self.shapes[key] = self._next_id
+            self._next_id += 1
         return found
+
+    def hold(self, characters: int) -> None:
+        """Count what an entry about to be kept holds; past `MOST_CHARACTERS`, start again."""
+        if self.characters + characters > self.MOST_CHARACTERS:
+            self.clear()
+        self.characters += characters
+
+    def clear(self) -> None:
+        self.shapes.clear()
+        self.prices.clear()
+        self.renders.clear()
+        self.characters = 0
 
 
 class TemplatePricer:
@@ -103,6 +122,7 @@ class TemplatePricer:
             if found is None:
                 found = self.pieces(self.renderer.render(head, recap, tail, anchored=False))
                 if kept is not None and len(self.prices.renders) < Prices.MOST:
+                    self.prices.hold(sum(map(len, found)))
                     self.prices.renders[kept] = found
             self._renders[key] = found
         return found
@@ -218,7 +238,9 @@ class TemplatePricer:
         if price is None:  # a kept price was derived from these texts, so they hold no stand-in mark
             if any(mark in value for value in values.values() for mark in _ALL_MARKS):
                 return None
-            price = self.prices.prices[memo] = self._price(old, [_put(piece, 0, values) for piece in new])
+            price = self._price(old, [_put(piece, 0, values) for piece in new])
+            self.prices.hold(sum(map(len, values.values())))
+            self.prices.prices[memo] = price
         return price
 
     def _shape(self, part: Part, head: list[Part], recap: list[Part]) -> tuple[list[str], list[str]] | None:
