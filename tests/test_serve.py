@@ -609,6 +609,32 @@ def test_a_client_that_goes_away_cancels_the_backend_request(
     assert any("stopped by the client" in r.getMessage() for r in caplog.records)  # and one line of the log
 
 
+def test_a_client_that_goes_away_before_a_whole_reply_is_a_cancelled_turn(
+    serving: Running, stand_in: StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not streamed: the client hangs up while the backend works. The turn is logged and in
+    /ctx/stats as stopped, as a stream's is (issue 45: it was in neither)."""
+    caplog.set_level(logging.INFO, logger="otaku_ctx.serve")
+    begun(client(serving), chat(3))
+    stand_in.mode, stand_in.delay = "slow", 2.0
+    host, port = serving.url.split("//")[1].split("/")[0].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=5)
+    body = json.dumps({"model": "local", "messages": chat(3)})
+    connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    deadline = time.monotonic() + 4
+    while stand_in.in_flight == 0:  # the backend has it
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    connection.close()
+    deadline = time.monotonic() + 4
+    while len(turns := [t for c in json.loads(_get(serving, "/ctx/stats"))["chats"] for t in c["turns"]]) < 2:
+        assert time.monotonic() < deadline, "the stopped turn is not in /ctx/stats"
+        time.sleep(0.05)
+    stopped = turns[-1]
+    assert stopped["cancelled"] is True and stopped["sent"] > 0 and stopped["prompt_tokens"] is None
+    assert any("stopped by the client" in r.getMessage() for r in caplog.records)
+
+
 def test_an_oversized_body_is_a_413(stand_in: StandIn) -> None:
     running = Running(Service(settings_for(stand_in.url, max_body=4096)))
     try:

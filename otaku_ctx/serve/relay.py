@@ -46,9 +46,14 @@ def passed(answer: aiohttp.ClientResponse, data: bytes) -> web.Response:
 
 
 async def whole(upstream: Upstream, path: str, body: Mapping[str, Any], done: Done) -> web.Response:
-    """The backend's reply, read whole and passed on as it came."""
-    async with upstream.send("POST", path, body) as answer:
-        data = await upstream.body(answer)
+    """The backend's reply, read whole and passed on as it came. A frontend that goes away before
+    it ends the request to the backend, and the turn is recorded as cancelled."""
+    try:
+        async with upstream.send("POST", path, body) as answer:
+            data = await upstream.body(answer)
+    except asyncio.CancelledError:  # the client went away (the handler is cancelled)
+        done(Usage(), True)
+        raise
     if answer.status == 200:
         usage = Usage()
         try:
