@@ -688,6 +688,41 @@ def test_a_garbled_ps_says_nothing(server: StandIn, backend: Backend, answer: Re
     assert ollama_window(server, backend, LLAMA31, answer) == 4096
 
 
+@pytest.mark.parametrize(
+    ("show", "ps"),
+    [
+        (LLAMA31, {"models": [running("smol:latest", 10**18)]}),  # loaded at a window past any model's
+        ({**LLAMA31, "parameters": "num_ctx 1000000000000000000"}, None),  # num_ctx past any model's
+    ],
+)
+def test_an_ollama_window_past_any_model_s_is_refused_not_clamped(
+    server: StandIn, backend: Backend, show: dict, ps: dict | None
+) -> None:
+    """As llama.cpp's would be: 10^18 is no window, not the 131,072 it was trained for (issue 45)."""
+    with pytest.raises(BadReply, match="past any model's"):
+        ollama_window(server, backend, show, *([reply(200, ps)] if ps else []))
+
+
+@pytest.mark.parametrize("trained", ["131072", None, 0, -1])
+def test_an_unreadable_trained_length_still_asks_what_ollama_loaded(
+    server: StandIn, backend: Backend, trained: object
+) -> None:
+    """A `*.context_length` that is no number is no reason to take the default: /api/ps says the
+    window the model runs at."""
+    show = {"parameters": "", "model_info": {"general.architecture": "llama", "llama.context_length": trained}}
+    assert ollama_window(server, backend, show, reply(200, {"models": [running("smol:latest", 8192)]})) == 8192
+    assert server.seen[-1].path == "/api/ps"
+
+
+def test_ollama_s_window_is_asked_again_each_time_so_a_reload_is_seen(server: StandIn, backend: Backend) -> None:
+    """Ollama loads a model again at another window whenever a request's num_ctx differs: a
+    reload from 32,768 to 2,048 is the next turn's window, not the one asked first (issue 45)."""
+    assert ollama_window(server, backend, LLAMA31, reply(200, {"models": [running("smol:latest", 32768)]})) == 32768
+    server.answer(reply(200, LLAMA31), reply(200, {"models": [running("smol:latest", 2048)]}))
+    assert backend.window() == 2048
+    assert [s.path for s in server.seen[-2:]] == ["/api/show", "/api/ps"]
+
+
 def test_an_api_show_that_names_no_window_is_not_ollama_s(server: StandIn, backend: Backend) -> None:
     """KoboldCpp answers an Ollama `/api/show` with nothing in it: its own endpoint says its window."""
     kobold_show = {

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from ..jsonload import JSONProblem, TooDeep, TooMany, loads
 from .failures import TOO_DEEP, TOO_MANY, BackendError, BadReply, BadURL, KeyMissing, NoTokenizer, classify
-from .servers import OPENAI, SERVERS, WINDOWS, LlamaCpp, Server, ServerKind
+from .servers import MOST_WINDOW, OPENAI, SERVERS, WINDOWS, LlamaCpp, Server, ServerKind
 from .transport import Answer, Cancel, Retry, Transport, split_url, without_credentials
 
 
@@ -78,8 +78,6 @@ def _integer(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-#: a window past any model's: a server that says more is broken or lying, and is not believed
-MOST_WINDOW = 10**8
 
 
 class Backend:
@@ -125,6 +123,7 @@ class Backend:
         )
         self._window: int | None = None
         self._windowless = False  # every kind of `WINDOWS` was asked and none said: not asked again
+        self._window_said: ServerKind | None = None  # the kind whose endpoint said it
         self._tokenizes: bool | None = None
         self._templates: bool | None = None  # whether the server applies its chat template on request
         self._server: tuple[ServerKind, Server] | None = None
@@ -168,7 +167,9 @@ class Backend:
         return self._reply(data, path, asked_format=response_format is not None)
 
     def window(self) -> int | None:
-        """The model's context in tokens, as the server says it (asked once, then remembered):
+        """The model's context in tokens, as the server says it (asked once, then remembered;
+        Ollama's each time, as it loads a model again at another window whenever a request's
+        `num_ctx` differs: a reload is seen by the next turn):
         when `server()` has asked already, its window; else each kind of `servers.WINDOWS`
         asked in turn (vLLM's `/v1/models`, llama.cpp's `/props`, Ollama's `/api/show` and
         `/api/ps`, KoboldCpp's `/api/extra/true_max_context_length`). None when none of them
@@ -177,11 +178,14 @@ class Backend:
         asked again."""
         if self._window is None and self._server is not None and self._server[1].window:
             self._window = self._server[1].window
+        said = self._window_said
+        if said is not None and said.reloads:  # asked each time: its model may have been loaded again
+            self._window = said.window(self) or self._window
         if self._window is None and not self._windowless:
             for kind in WINDOWS:
                 found = kind.window(self)
                 if found:
-                    self._window = found
+                    self._window, self._window_said = found, kind
                     break
             self._windowless = self._window is None
         if self._window is not None and self._window > MOST_WINDOW:

@@ -97,6 +97,10 @@ class ServerKind(ABC):
     #: kind has a field of its own that does it better
     loop_penalty: ClassVar[dict[str, float]] = {"frequency_penalty": 0.5}
 
+    #: whether the server may load the model again at another window while it runs (Ollama), so
+    #: its window is asked again (`Backend.window`) rather than once
+    reloads = False
+
     @abstractmethod
     def probe(self, backend: Asker) -> Server | None:
         """What the server is, when its answers say it is of this kind; else None."""
@@ -307,9 +311,11 @@ class Vllm(ServerKind):
 
 
 class Ollama(ServerKind):
-    """Ollama: its `/api/version` answers; no tokenize endpoint."""
+    """Ollama: its `/api/version` answers; no tokenize endpoint. It loads a model again at
+    another window whenever a request's `num_ctx` differs (`reloads`)."""
 
     name = OLLAMA
+    reloads = True
 
     def probe(self, backend: Asker) -> Server | None:
         """`GET /api/version` with a `version`."""
@@ -330,15 +336,17 @@ class Ollama(ServerKind):
         said = re.search(r"^\s*num_ctx\s+(\d+)", parameters, re.MULTILINE) if isinstance(parameters, str) else None
         told = int(said.group(1)) if said else None
         info = data.get("model_info")
-        sizes = [_count(v) for k, v in info.items() if k.endswith(".context_length")] if isinstance(info, dict) else []
-        trained = next((size for size in sizes if size), None)
-        if not told and not trained:
+        keys = [k for k in info if k.endswith(".context_length")] if isinstance(info, dict) else []
+        trained = next((size for k in keys if (size := _count(info[k]))), None)
+        if not told and not keys:  # KoboldCpp's emulated /api/show: no model's, nothing said
             return None
-        if not told:
+        if not told:  # the trained length said, readable or not: what it is loaded with
             # Not loaded (or /api/ps says nothing): Ollama loads it at its default, which
             # OLLAMA_CONTEXT_LENGTH or a larger GPU raises and ctx cannot read. A window too small
             # only makes ctx summarise earlier; one too large and Ollama silently cuts the prompt's start.
             told = self.loaded(backend) or OLLAMA_WINDOW
+        if told > MOST_WINDOW:  # past any model's: said as it is, and refused (`Backend.window`)
+            return told
         return min(told, trained) if trained else told
 
     def loaded(self, backend: Asker) -> int | None:
@@ -401,6 +409,10 @@ def listed_as(name: str, ids: tuple[str, ...]) -> str | None:
         if listed.removeprefix(f"{KOBOLDCPP.lower()}/") == name != listed or listed == f"{name}:latest":
             return listed
     return None
+
+
+#: a window past this many tokens is no model's: a server that says one is refused (`Backend.window`)
+MOST_WINDOW = 10**8
 
 
 def _utf8(text: str) -> str:
