@@ -95,11 +95,26 @@ def test_a_second_summarize_of_the_same_sidecar_is_refused(tmp_path: Path, summa
         os.close(held)
     assert (code, out) == (ExitStatus.ERROR, "")
     assert one_line(err) == (
-        f"ctx: {sidecar_for(chat)}: another ctx summarize is writing it (it holds {lock}); let that run end first\n"
+        f"ctx: {sidecar_for(chat)}: another ctx summarize is writing it (it holds {lock}); let it end first\n"
     )
     assert summarizer.bodies == []
     code, _, err, _ = summarize_chat(tmp_path, summarizer)  # the lock let go: a run goes
     assert code == 0 and not lock.exists(), err
+
+
+def test_a_summarize_turned_away_by_serve_s_lock_names_serve(tmp_path: Path, summarizer: Any) -> None:
+    """The lock says who holds it: `ctx serve` writing a chat's summaries is named as itself, not
+    as "another ctx summarize" (issue 45)."""
+    import os
+
+    from otaku_ctx.story.sidecar import read_sidecar, sidecar_for
+    from otaku_ctx.summarize.commits import Commits
+
+    sidecar = sidecar_for(tmp_path / "chat.jsonl")
+    with Commits(sidecar, read_sidecar(sidecar) if sidecar.exists() else [], writer="ctx serve"):
+        code, out, err, _ = summarize_chat(tmp_path, summarizer)
+    assert (code, out) == (ExitStatus.ERROR, "")
+    assert f"ctx serve (pid {os.getpid()}) is writing it" in one_line(err)
 
 
 def test_a_commit_costs_what_it_adds(tmp_path: Path, summarizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -67,11 +67,23 @@ class Locked(OutputError):
 STALE_TEMP = 60.0
 
 
+def holder(lock: Path) -> str:
+    """Who holds `lock`, as its writer wrote it ("ctx serve (pid 4242)"); "another ctx
+    summarize" when it says nothing readable (a writer of an older ctx)."""
+    try:
+        with open(lock, "rb") as held:
+            said = held.read(200).decode("utf-8", "replace").strip()
+    except OSError:
+        said = ""
+    return said if said.isprintable() and said.startswith("ctx ") else "another ctx summarize"
+
+
 class Commits:
     """The commits of one run to `path`, whose records the run read as `read`."""
 
-    def __init__(self, path: Path, read: Sequence[Record]) -> None:
+    def __init__(self, path: Path, read: Sequence[Record], writer: str = "ctx summarize") -> None:
         self.path = path
+        self.writer = writer  # who writes it, as the lock says to a run it turns away
         self.seen: dict[int, Record] = {r.start: r for r in read}  # the file as the run last saw it
         self.theirs: set[int] = set()  # scenes someone else changed: theirs for the rest of the run
         self.stamp: Stamp | None = None  # None: not yet written by this run (read it before writing)
@@ -93,12 +105,12 @@ class Commits:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 os.close(descriptor)
-                raise Locked(
-                    self.path, f"another ctx summarize is writing it (it holds {lock}); let that run end first"
-                ) from None
+                raise Locked(self.path, f"{holder(lock)} is writing it (it holds {lock}); let it end first") from None
             with contextlib.suppress(OSError):
                 if os.stat(lock).st_ino == os.fstat(descriptor).st_ino:
                     self._lock = descriptor
+                    with contextlib.suppress(OSError):  # who holds it, for a run it turns away
+                        os.write(descriptor, f"{self.writer} (pid {os.getpid()})\n".encode())
                     self._sweep()
                     return self
             os.close(descriptor)
