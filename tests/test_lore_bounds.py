@@ -258,3 +258,25 @@ def test_validate_names_a_lore_key_that_is_no_regex(tmp_path: Path) -> None:
         code == 0
         and f"{story}:2: warning: lore entry 7: key '/(z/' is not a valid regular expression" in err.getvalue()
     )
+
+
+@pytest.mark.parametrize(
+    ("lore", "said"),
+    [
+        ('"key":"/(z/"', '"key" is one text (\'/(z/\'), not a list: SillyTavern reads no keys from it'),
+        ('"key":["x"],"position":9', "position 9 is none SillyTavern 1.12 places"),
+    ],
+)
+def test_validate_names_every_lore_field_read_its_own_way(tmp_path: Path, lore: str, said: str) -> None:
+    """Not the list form alone: keys given as one text (here the invalid `/(z/`), read as no keys,
+    and a position nothing places are named too (issue 45: validate was silent about them)."""
+    from io import BytesIO, StringIO
+
+    from otaku_ctx.cli.app import main
+    from otaku_ctx.cli.terminal import Terminal
+
+    story = tmp_path / "story.jsonl"
+    story.write_text('{"role":"user","content":"hi"}\n{"type":"lore","uid":7,' + lore + ',"content":"x"}\n')
+    err = StringIO()
+    code = main(["validate", str(story)], Terminal(stdin=BytesIO(), stdout=BytesIO(), stderr=err))
+    assert code == 0 and f"{story}:2: warning: lore entry 7: {said}" in err.getvalue(), err.getvalue()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -241,10 +241,25 @@ def _add_world_info(b: StoryBuilder, number: int, obj: dict[str, Any]) -> None:
         b.error(number, exc.message)
         return
     b.world.append(entry)
-    for kind, key in entry.problems:  # what validate names, though the build reads on
-        if kind == "regex":
-            why = "is not a valid regular expression; it is matched as plain text, as SillyTavern does"
-            b.problems.append(Problem(number, f"lore entry {uid}: key {key!r} {why}", "warning"))
+    for kind, what in entry.problems:  # what validate names, though the build reads on
+        b.problems.append(Problem(number, f"lore entry {uid}: {READ_ITS_OWN_WAY[kind](what, fields)}", "warning"))
+
+
+# What a World Info reader notes (`LoreEntry.problems`), as `validate` says it: each kind by the
+# field or key it is about (`what`) and the entry's fields.
+READ_ITS_OWN_WAY: dict[str, Callable[[str, dict[str, Any]], str]] = {
+    "regex": lambda key, _: (
+        f"key {key!r} is not a valid regular expression; it is matched as plain text, as SillyTavern does"
+    ),
+    "text_keys": lambda field, fields: (
+        f'"{field}" is one text ({str(fields.get(field))[:40]!r}), not a list: SillyTavern reads no keys from'
+        f' it, and neither does ctx; write it as a list, ["…"]'
+    ),
+    "position": lambda position, _: (
+        f"position {position} is none SillyTavern 1.12 places (it places 0-6): the entry fires and counts"
+        " in the budget, and is placed nowhere"
+    ),
+}
 
 
 def _add_lore(b: StoryBuilder, number: int, obj: dict[str, Any]) -> None:
