@@ -293,7 +293,8 @@ class Summarizer:
         log.info("chat %s: writing summaries: %d scenes, %d requests", key, len(chosen.spans), len(chosen.requests))
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with Commits(path, own, writer="ctx serve") as commits:  # the lock ctx summarize takes too; merged into its own file
+            # the lock ctx summarize takes too, saying who holds it; merged into its own file
+            with Commits(path, own, writer="ctx serve") as commits:
                 report = run(chosen, self.backend, prompts, commits.commit, work.progress)
         except BackendError as error:
             raise OtakuError(str(error)) from None
