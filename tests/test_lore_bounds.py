@@ -263,7 +263,7 @@ def test_validate_names_a_lore_key_that_is_no_regex(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("lore", "said"),
     [
-        ('"key":"/(z/"', '"key" is one text (\'/(z/\'), not a list: SillyTavern reads no keys from it'),
+        ('"key":"/(z/"', "\"key\" is one text ('/(z/'), not a list: SillyTavern reads no keys from it"),
         ('"key":["x"],"position":9', "position 9 is none SillyTavern 1.12 places"),
     ],
 )

@@ -78,8 +78,6 @@ def _integer(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-
-
 class Backend:
     """One model on one server. `url` is the OpenAI-compatible base (`http://127.0.0.1:8080/v1`);
     `api_key_env` is the NAME of the environment variable holding the key (none: no key sent).
