@@ -57,6 +57,7 @@ class Dialect:
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
         if path == "/v1/chat/completions":
+            self.last = body["messages"]  # the messages of the last chat request
             heard = sum(toy_count(message["content"]) for message in body["messages"])
             message = {"role": "assistant", "content": f"{self.kind} says hello"}
             usage = {"prompt_tokens": heard, "completion_tokens": 3, "total_tokens": heard + 3}
@@ -68,7 +69,8 @@ class Dialect:
 
 
 def ids(text: str, bos: bool) -> list[int]:
-    return [1] * bos + [7] * toy_count(text)
+    """The toy tokenizer's ids: 1 its BOS, 2 a control token, 7 any other token."""
+    return [1] * bos + [2 if token.startswith("<|") else 7 for token in TOKEN.findall(text)]
 
 
 class Llama(Dialect):
@@ -810,3 +812,69 @@ def test_serve_answers_a_turn_the_tokenize_endpoint_fails_with_one_call_and_a_ma
     assert back != "0"
     said = [r.getMessage() for r in caplog.records if "counting with cl100k_base and a margin" in r.getMessage()]
     assert len(said) == 1, said
+
+
+# a cold turn: its new texts counted in a batch or a few ---------------------------------------
+
+
+class StripsBeside(Llama):
+    """A llama.cpp whose EOS strips the blanks beside it (a control token's `lstrip`/`rstrip`):
+    a text joined to another by it does not count as it counts alone."""
+
+    def tokenize(self, body: dict[str, Any]) -> Any:
+        return super().tokenize({**body, "content": re.sub(r"\s*(<\|im_end\|>)\s*", r"\1", body["content"])})
+
+
+def test_a_batch_counts_each_text_as_it_counts_alone(serve: Any, tmp_path: Path) -> None:
+    """Texts joined by the server's EOS, one request: each count is the text's own, a text that
+    spells the EOS asked alone; a server whose EOS strips the blanks beside it is not batched,
+    and counts the same one text at a time."""
+    many = [*TEXTS, " leading", "trailing ", "\n\nlines\n", "x <|im_end|> y"] * 3
+    for dialect, batches in ((Llama(), True), (StripsBeside(), False)):
+        server = serve(dialect)
+        counter = server_counter(backend(server), tmp_path / dialect.__class__.__name__)
+        before = server.tokenized
+        counts = counter.count_many(many)
+        alone = [dialect.tokenize({"content": t, "add_special": False, "parse_special": True}) for t in many]
+        assert counts == [len(a["tokens"]) for a in alone]
+        asked = server.tokenized - before
+        assert (asked < 12) is batches, asked  # the probe, the separator, a batch, the text with the EOS
+
+
+def test_serve_counts_a_cold_turn_s_new_texts_in_a_few_requests(serve: Any) -> None:
+    """A 160-message chat's first turn, through serve counting with llama.cpp's /tokenize: a dry
+    run gathers the texts the count cache lacks and one request counts them all (issue 45: 149
+    requests one after another, not answered in 75 s at 0.5 s each). What it sends is what
+    counting one text at a time sends."""
+    from dataclasses import replace
+
+    import openai
+
+    from otaku_ctx.config import load_settings
+    from otaku_ctx.serve.http import Service
+    from otaku_ctx.serve.listen import Running
+
+    chat = [{"role": "system", "content": "You are Mira, a sailor."}]
+    for i in range(160):
+        said = f"Line {i}: the boat drifts past pier {i}, and Tom waves to Mira. It rains."
+        chat.append({"role": ("user", "assistant")[i % 2], "content": said})
+    chat.append({"role": "user", "content": "What now?"})
+    sent, asked = [], []
+    for dialect in (Llama(), StripsBeside("Other-135M")):  # the second counts one text at a time
+        server = serve(dialect)
+        settings = load_settings(None, {})
+        settings = replace(settings, serve=replace(settings.serve, backend=server.url, port=0, summarize=False))
+        running = Running(Service(settings))
+        talk = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=30)
+        try:
+            short = [{"role": "system", "content": "Another."}]  # serve set up, its batches tried
+            short += [{"role": ("user", "assistant")[i % 2], "content": f"Short line {i}."} for i in range(7)]
+            talk.chat.completions.create(model="m", messages=short, max_tokens=20)
+            before = server.tokenized
+            talk.chat.completions.create(model="m", messages=chat, max_tokens=20)
+            asked.append(server.tokenized - before)
+        finally:
+            running.stop()
+        sent.append(server.dialect.last)
+    assert asked[0] <= 5 < asked[1], asked
+    assert sent[0] == sent[1]

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from ..jsonload import JSONProblem, TooDeep, TooMany, loads
 from .failures import TOO_DEEP, TOO_MANY, BackendError, BadReply, BadURL, KeyMissing, NoTokenizer, classify
-from .servers import MOST_WINDOW, OPENAI, SERVERS, WINDOWS, LlamaCpp, Server, ServerKind
+from .servers import LLAMA_CPP, MOST_WINDOW, OPENAI, SERVERS, WINDOWS, LlamaCpp, Server, ServerKind
 from .transport import Answer, Cancel, Retry, Transport, split_url, without_credentials
 
 
@@ -124,6 +124,7 @@ class Backend:
         self._window_said: ServerKind | None = None  # the kind whose endpoint said it
         self._tokenizes: bool | None = None
         self._templates: bool | None = None  # whether the server applies its chat template on request
+        self._separators: dict[str, list[int]] = {}  # a separator's ids (`count_each`), asked once
         self._server: tuple[ServerKind, Server] | None = None
         self._models: tuple[str, ...] | None = None
         # the requests sent, by what they ask ("chat", "tokenize", "probe"): a test or a benchmark
@@ -236,6 +237,45 @@ class Backend:
         if answer.status in (404, 405, 501):
             raise NoTokenizer(url, f"{kind.name} answers {answer.status} to its tokenize endpoint")
         return kind.counted(self._json(answer, path, asked_format=False), text, url)
+
+    def count_each(self, texts: Sequence[str], separator: str) -> list[int] | None:
+        """Each of `texts`' counts (as `count` gives them) from one tokenize request: the texts
+        joined by `separator`, a control token of the model (its EOS). llama.cpp cuts a text at
+        its control tokens before it tokenizes the pieces between them, each as a text of its
+        own (`tokenizer_st_partition`), so each piece between two separators counts as its text
+        alone. None where that cannot be read so: a server other than llama.cpp, a separator
+        that is not one token, a text that holds it, an answer not one piece a text. Whether the
+        server strips the blanks beside the separator (a control token's `lstrip`) is for the
+        caller to try once (`model.server.ServerCounter`)."""
+        kind, server = self._detected()
+        if kind.name != LLAMA_CPP or not separator or any(separator in text for text in texts):
+            return None
+        marks = self._separators.get(separator)
+        if marks is None:
+            marks = self._separators[separator] = self._tokens(kind, server, separator) or []
+        if len(marks) != 1:
+            return None
+        tokens = self._tokens(kind, server, separator.join(texts))
+        if tokens is None:
+            return None
+        counts, run = [], 0
+        for token in tokens:
+            if token == marks[0]:
+                counts.append(run)
+                run = 0
+            else:
+                run += 1
+        counts.append(run)
+        return counts if len(counts) == len(texts) else None
+
+    def _tokens(self, kind: ServerKind, server: Server, text: str) -> list[int] | None:
+        """The ids llama.cpp's `/tokenize` gives `text`, its control tokens parsed, nothing added."""
+        path, request = kind.tokenize_request(self.root, server.model, text, add_special=False)
+        answer = self._send("tokenize", "POST", path, json.dumps(request, ensure_ascii=False).encode("utf-8"))
+        tokens = self._json(answer, path, asked_format=False).get("tokens")
+        if not isinstance(tokens, list) or not all(_integer(t) is not None for t in tokens):
+            return None
+        return tokens
 
     def chat_count(self, messages: list[dict[str, Any]]) -> int | None:
         """The tokens a chat completion of `messages` gives the model: the prompt the server's

@@ -33,6 +33,12 @@ JOBS = 4
 MOST_CHATS = 256
 #: while the server fails to count, the fallback's count is raised by this share (`fall_back`)
 MARGIN = 0.1
+#: the most characters one batched tokenize request carries (`count_many`)
+BATCH_CHARACTERS = 1_000_000
+#: texts whose counts in a batch must be their counts alone before the server's batches are
+#: believed (`_joins`): blanks and line ends at both ends, where a control token that strips the
+#: blanks beside it would take some
+JOIN_PROBE = (" a ", "b\n", "\n\n c", "d", "  ")
 #: the chat whose templated count, against its first two messages', tells what a message costs
 #: beyond its content (`ServerCounter.chat_overhead`)
 CALIBRATION = (
@@ -46,9 +52,12 @@ CALIBRATION = (
 class ServerCounter(TokenCounter):
     """A `TokenCounter` that asks the server, through the count cache."""
 
-    def __init__(self, backend: Backend, store: CountStore, name: str, specials: tuple[str, ...], bos: str) -> None:
+    def __init__(
+        self, backend: Backend, store: CountStore, name: str, specials: tuple[str, ...], bos: str, separator: str = ""
+    ) -> None:
         self.backend = backend
         self.store = store
+        self.separator = separator  # a control token the server cuts a text at (its EOS): `count_many`'s batches
         added = self._what_it_adds()
         # `bos`: the BOS the server adds itself, so a text prompt does not spell it too; none when it adds none
         super().__init__(
@@ -151,20 +160,89 @@ class ServerCounter(TokenCounter):
         return self._overhead or None
 
     def count_many(self, texts: Iterable[str]) -> list[int]:
-        """The counts of many texts; those the cache lacks are asked `JOBS` at a time (each
-        distinct text once) and kept, so that `self(text)` then asks nothing."""
+        """The counts of many texts; those the cache lacks are asked in batches (`batched`: one
+        request for up to `BATCH_CHARACTERS` of them, where the server's batches hold), else
+        `JOBS` at a time (each distinct text once), and kept, so that `self(text)` then asks
+        nothing. A failure with a fallback (`fall_back`) leaves them to it."""
         texts = list(texts)
         keys = [text_key(text) for text in texts]
         missing = {key: text for key, text in zip(keys, texts, strict=True) if self.store.get(key) is None}
-        if missing:
-            asked: Sequence[int]
-            if len(missing) == 1:
-                asked = [self.backend.count(next(iter(missing.values())))]
+        if missing and not self.failing:
+            try:
+                asked = self.batched(list(missing.values())) if len(missing) > 1 and self._joins() else None
+                if asked is None and len(missing) == 1:
+                    asked = [self.backend.count(next(iter(missing.values())))]
+                elif asked is None:
+                    with ThreadPoolExecutor(min(JOBS, len(missing))) as pool:
+                        asked = list(pool.map(self.backend.count, missing.values()))
+            except NoTokenizer:
+                raise
+            except BackendError as why:
+                self._failed(why)
             else:
-                with ThreadPoolExecutor(min(JOBS, len(missing))) as pool:
-                    asked = list(pool.map(self.backend.count, missing.values()))
-            self.store.add(dict(zip(missing, asked, strict=True)))
+                self.store.add(dict(zip(missing, asked, strict=True)))
         return [self(text) for text in texts]
+
+    def batched(self, texts: Sequence[str]) -> list[int] | None:
+        """`texts`' counts, a request for each `BATCH_CHARACTERS` of them joined by the separator
+        (`Backend.count_each`), a text that spells the separator asked alone; None when the
+        server cannot count so."""
+        counted: dict[int, int] = {}
+        batch: list[int] = []
+        size = 0
+        for at, text in enumerate([*texts, None]):
+            if text is not None and self.separator in text:
+                counted[at] = self.backend.count(text)
+                continue
+            if batch and (text is None or size + len(text) > BATCH_CHARACTERS):
+                found = self.backend.count_each([texts[i] for i in batch], self.separator)
+                if found is None:
+                    return None
+                counted.update(zip(batch, found, strict=True))
+                batch, size = [], 0
+            if text is not None:
+                batch.append(at)
+                size += len(text) + len(self.separator)
+        return [counted[at] for at in range(len(texts))]
+
+    def _joins(self) -> bool:
+        """Whether the server counts each text of a batch as it counts it alone (not where the
+        separator strips the blanks beside it): tried once on `JOIN_PROBE`, the answer kept in
+        the count cache."""
+        if not self.separator:
+            return False
+        key = meta_key("joins")
+        found = self.store.get(key)
+        if found is None:
+            batched = self.backend.count_each(JOIN_PROBE, self.separator)
+            found = int(batched is not None and batched == [self.backend.count(text) for text in JOIN_PROBE])
+            self.store.add({key: found})
+        return bool(found)
+
+    def knows(self, texts: Iterable[str]) -> bool:
+        """Whether the count cache holds every one of `texts`."""
+        return all(self.store.get(text_key(text)) is not None for text in texts)
+
+    def gathering(self) -> tuple[TokenCounter, list[str]]:
+        """A counter for a dry run of a turn (`ctx serve`'s first turn of a chat), and the texts
+        it was asked that the cache lacks: each of those counts as the fallback's estimate (a
+        quarter of its characters with none) and is gathered, for one `count_many` after — a
+        request or a few for the turn's every new text, where the turn itself would ask the
+        server once for each."""
+        wanted: list[str] = []
+
+        def count(text: str) -> int:
+            found = self.store.get(text_key(text))
+            if found is not None:
+                return found
+            wanted.append(text)
+            return self._estimate(text) if self._local is not None else -(-len(text) // 4)
+
+        dry = TokenCounter(
+            f"{self.name}, dry run", count, specials=self.specials, bos=self.bos, added=self.added,
+            parses_specials=True,
+        )  # fmt: skip
+        return dry, wanted
 
 
 def server_counter(backend: Backend, cache_dir: Path, controls: tuple[str, ...] = ()) -> ServerCounter:
@@ -182,4 +260,5 @@ def server_counter(backend: Backend, cache_dir: Path, controls: tuple[str, ...] 
     specials = tuple(dict.fromkeys(t for t in (*named, *controls) if t))
     where = backend.transport.url(backend.root)
     name = f"server {where} ({server.kind}, {server.model})" if server.model else f"server {where} ({server.kind})"
-    return ServerCounter(backend, store, name, specials, server.bos)
+    separator = server.eos if server.kind == LLAMA_CPP else ""
+    return ServerCounter(backend, store, name, specials, server.bos, separator)

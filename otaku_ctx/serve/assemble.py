@@ -127,6 +127,14 @@ def pipeline_for(settings: Settings, count: TokenCounter, window: int, max_token
         return made
 
 
+def forget_pipelines(count: TokenCounter) -> None:
+    """Drop the pipelines made for `count` (a dry run's counter: `turn.counted_ahead`), so they
+    take no place of the turns' own."""
+    with _LOCK:
+        for key in [k for k, (_, c, _) in _PIPELINES.items() if c is count]:
+            del _PIPELINES[key]
+
+
 def assemble_chat(
     story: Story,
     rungs: tuple[Settings, ...],

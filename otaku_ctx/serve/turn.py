@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..config import ServeSettings
+from ..model.server import ServerCounter
 from ..story.model import Story
-from .assemble import Assembled, assemble_chat
+from .assemble import Assembled, assemble_chat, forget_pipelines
 from .chats import FramePart, chat_story, framed
 from .record import say_shape, say_trimmed
 from .request import Request
@@ -52,6 +53,8 @@ def assemble_turn(
         serve = setup.settings.serve
         for keep in (serve.frame_sticky, 0) if serve.frame_sticky else (0,):  # what stopped being sent goes first
             placed = placed_frame(state, told, request.frame, serve, keep, store.cutting.settle)
+            if state.walk is None and keep == (serve.frame_sticky or 0):
+                counted_ahead(placed, setup, window, request.max_tokens)
             assembled = assemble_chat(
                 placed, setup.rungs, setup.count, window=window, max_tokens=request.max_tokens, state=state,
                 played=bool(session.stats),
@@ -62,6 +65,22 @@ def assemble_turn(
     if summarizer is not None and not one_shot:
         summarizer.want(session, story)
     return chat, assembled
+
+
+def counted_ahead(story: Story, setup: Setup, window: int, max_tokens: int | None) -> None:
+    """A chat's first turn, counted by the server (`ServerCounter`): the turn assembled once as a
+    dry run, each text the count cache lacks estimated and gathered, then all of them counted in
+    a batch or a few (`ServerCounter.count_many`), so the turn itself finds them counted. Without
+    it, a 160-message chat's first turn asked the server some 350 times, one text at a time."""
+    if not isinstance(setup.count, ServerCounter) or setup.count.knows(m.content for m in story.messages):
+        return  # every message counted before (a chat played before serve started): nothing to gather
+    dry, wanted = setup.count.gathering()
+    try:
+        assemble_chat(story, setup.rungs, dry, window=window, max_tokens=max_tokens)
+    finally:
+        forget_pipelines(dry)
+    if wanted:
+        setup.count.count_many(dict.fromkeys(wanted))
 
 
 def placed_frame(

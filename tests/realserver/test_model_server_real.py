@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from otaku_ctx.backend import Backend, Retry
-from otaku_ctx.model.server import server_counter
+from otaku_ctx.model.server import JOIN_PROBE, server_counter
 
 PIECES = [
     "Mara",
@@ -136,6 +136,18 @@ def test_the_counts_are_tokenize_s_own(real_server, tmp_path: Path) -> None:
     assert counter.count_many(many) == [len(tokenize(real_server.url, t, add_special=False)) for t in many]
 
 
+def test_a_batch_counts_each_text_as_tokenize_counts_it_alone(real_server, tmp_path: Path) -> None:
+    """The texts joined by SmolLM2's EOS in one /tokenize request: llama.cpp cuts the text at the
+    control token and tokenizes each piece as a text of its own, so each count is the text's
+    count alone (blanks at both ends, emoji, CJK, control tokens spelled and nearly spelled)."""
+    backend = talk(real_server.url)
+    sample = [t for t in texts(seed=5, n=300) if "<|im_end|>" not in t]
+    assert backend.count_each(sample, "<|im_end|>") == [
+        len(tokenize(real_server.url, t, add_special=False)) for t in sample
+    ]
+    assert server_counter(backend, tmp_path)._joins()  # and the counter believes its batches
+
+
 def test_what_the_server_adds(real_server, tmp_path: Path) -> None:
     """SmolLM2's GGUF adds no BOS (`tokenizer.ggml.add_bos_token` false): /tokenize with
     add_special adds nothing to any text, and the counter says 0."""
@@ -160,7 +172,10 @@ def test_a_second_counting_sends_no_tokenize_request(proxy: Proxy, tmp_path: Pat
     first = server_counter(talk(proxy.url), tmp_path)
     counted = first.count_many(sample)
     asked = proxy.seen["/tokenize"]
-    assert asked == len(set(sample)) + 2  # each distinct text once, and the additions probe (two)
+    spelled = sum("<|im_end|>" in t for t in set(sample))  # a text that spells the separator, alone
+    # the additions probe (two), the batches' probe (the separator, the probe joined and each of
+    # its texts alone), one batch for all the rest
+    assert asked == 2 + (2 + len(JOIN_PROBE)) + 1 + spelled
     first.store.flush()  # as at the end of the run
 
     backend = talk(proxy.url)
