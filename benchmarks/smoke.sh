@@ -50,6 +50,7 @@ step "$PYTHON" benchmarks/recall_bench.py --smoke
 step "$PYTHON" benchmarks/recall_bench.py --serve --smoke
 step "$PYTHON" benchmarks/model_tokenizers.py --smoke
 step "$PYTHON" benchmarks/hostile_bounds.py --smoke
+step "$PYTHON" benchmarks/hostile_text.py --smoke
 step "$PYTHON" benchmarks/summarize_bench.py --smoke --instant 50
 
 # The real model server's: setup.sh --check fails (naming what is missing) when it is not built.
