@@ -28,7 +28,11 @@ asserts a time.
     python benchmarks/hostile_text.py many --rounds 1
     python benchmarks/hostile_text.py --smoke      # every case at a tenth of 1× and 2×, one round
 
-Figures: docs/serve.md, "Hostile text".
+Figures (2026-12-06, this 2-core machine, 3 rounds; first two requests, 1×/2×/4×, and with
+stops at 4×; the other chat's slowest turn at 4×): nostop 0.06/0.07/0.06 s (0.09), other 0.08 s;
+cjk 0.30/0.40/0.86 s (1.13), other 0.05 s, summaries settled 9.0/19.6/39.3 s; many
+7.0/11.8/26.0 s (43.7), other 0.26 s; huge 2.9/6.4/7.1 s (6.5), other 0.46 s. docs/serve.md,
+"Hostile text", says what they mean.
 """
 
 from __future__ import annotations
