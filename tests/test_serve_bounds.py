@@ -128,3 +128,67 @@ def test_a_long_chat_s_turn_holds_up_no_other_chat_s(
         long.join(30)
         running.stop()
     assert raw.asked == 2  # and the long chat's turn was answered too
+
+
+def _hostile(case: str) -> list[dict[str, Any]]:
+    """Issue 45's hostile chats at their campaign's sizes, each ending with the player's message."""
+    line = "the boat drifts on past the harbour wall and Tom waves to Mira from the pier"
+    if case == "no full stop":
+        short = [f"Line {i}: {line}." for i in range(100)]
+        texts = [*short, " ".join(f"{w}{k}" for k, w in enumerate(line.split() * 250)), *short]
+    elif case == "Japanese":
+        texts = [("雨が降っていたので彼は港に来なかった。" * 80)[:1500] for _ in range(200)]
+    elif case == "100,000 messages":
+        texts = [(f"{i} " + line * 4)[:300] for i in range(100_000)]
+    else:  # a 50 MB message
+        texts = [line + " " + "and the tide rose " * 2_800_000, "Go on"]
+    messages = [{"role": "system", "content": "You are Mira."}]
+    messages += [{"role": ("user", "assistant")[i % 2], "content": t} for i, t in enumerate(texts)]
+    if messages[-1]["role"] == "assistant":
+        messages.append({"role": "user", "content": "What did Tom say at last?"})
+    return messages
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("case", ["no full stop", "Japanese", "100,000 messages", "a 50 MB message"])
+def test_each_hostile_text_is_answered_and_another_chat_meanwhile(case: str) -> None:
+    """The campaign's texts, replayed at their sizes through serve with summaries on (every
+    reply turned down: every scene ctx's extract): the chat's first two requests are answered,
+    the newest message sent on, and another chat's turns are answered while they are assembled
+    (how long each takes is benchmarks/hostile_text.py's: no test asserts a time)."""
+    import threading
+
+    from test_serve import StandIn
+
+    stand_in_server = StandIn().start()
+    stand_in_server.useless, stand_in_server.window = True, 4096
+    running = Running(Service(settings_for(stand_in_server.url, summarize=True, max_body=128 << 20)))
+    client = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=600)
+    messages = _hostile(case)
+    other = chat(6, frame="Another.")
+    answered: list[str] = []
+    try:
+        client.chat.completions.create(model="m", messages=other)
+        done = threading.Event()
+
+        def beside() -> None:
+            while not done.is_set():
+                reply = client.chat.completions.create(model="m", messages=other)
+                answered.append(reply.choices[0].message.content or "")
+                done.wait(0.2)
+
+        thread = threading.Thread(target=beside)
+        thread.start()
+        try:
+            client.chat.completions.create(model="m", messages=messages)
+            on = [*messages, {"role": "assistant", "content": "Aye."}, {"role": "user", "content": "And then?"}]
+            reply = client.chat.completions.create(model="m", messages=on)
+        finally:
+            done.set()
+            thread.join(60)
+    finally:
+        running.stop()
+        stand_in_server.stop()
+    assert reply.choices[0].message.content
+    assert any(any(m["content"] == "And then?" for m in b["messages"]) for b in stand_in_server.bodies)
+    assert answered and all(answered)  # the other chat played on meanwhile

@@ -336,7 +336,8 @@ class Ollama(ServerKind):
         said = re.search(r"^\s*num_ctx\s+(\d+)", parameters, re.MULTILINE) if isinstance(parameters, str) else None
         told = int(said.group(1)) if said else None
         info = data.get("model_info")
-        keys = [k for k in info if k.endswith(".context_length")] if isinstance(info, dict) else []
+        info = info if isinstance(info, dict) else {}
+        keys = [k for k in info if isinstance(k, str) and k.endswith(".context_length")]
         trained = next((size for k in keys if (size := _count(info[k]))), None)
         if not told and not keys:  # KoboldCpp's emulated /api/show: no model's, nothing said
             return None

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -83,11 +84,20 @@ class ServerCounter(TokenCounter):
             self.failing = ""
             self.forget()
 
-    def _failed(self, why: BackendError) -> None:
-        if self._local is None:
-            raise why
-        self.failing = str(why)
-        self._told(self.failing)
+    @contextmanager
+    def _or_fall_back(self) -> Iterator[None]:
+        """What the server is asked in it: a failure (`BackendError`; not "no tokenize endpoint",
+        which is the server's nature, not a failure) raised, or with a fallback, taken for the
+        turn (`failing` said) and the block left."""
+        try:
+            yield
+        except NoTokenizer:
+            raise
+        except BackendError as why:
+            if self._local is None:
+                raise
+            self.failing = str(why)
+            self._told(self.failing)
 
     def _estimate(self, text: str) -> int:
         assert self._local is not None
@@ -107,13 +117,8 @@ class ServerCounter(TokenCounter):
         if found is not None:
             return found
         if not self.failing:
-            try:
+            with self._or_fall_back():
                 found = self.backend.count(text)
-            except NoTokenizer:  # it has no endpoint after all (a server swapped under serve)
-                raise
-            except BackendError as why:
-                self._failed(why)
-            else:
                 self.store.add({key: found})
                 return found
         return self._estimate(text)
@@ -128,12 +133,10 @@ class ServerCounter(TokenCounter):
         key = json.dumps(messages, ensure_ascii=False, sort_keys=True)
         found = self._chats.get(key)
         if found is None:
-            try:
+            asked = None
+            with self._or_fall_back():
                 asked = self.backend.chat_count([dict(m) for m in messages])
-            except NoTokenizer:
-                raise
-            except BackendError as why:
-                self._failed(why)
+            if self.failing:
                 return None
             if asked is None:
                 self._chats = False
@@ -168,18 +171,13 @@ class ServerCounter(TokenCounter):
         keys = [text_key(text) for text in texts]
         missing = {key: text for key, text in zip(keys, texts, strict=True) if self.store.get(key) is None}
         if missing and not self.failing:
-            try:
+            with self._or_fall_back():
                 asked = self.batched(list(missing.values())) if len(missing) > 1 and self._joins() else None
                 if asked is None and len(missing) == 1:
                     asked = [self.backend.count(next(iter(missing.values())))]
                 elif asked is None:
                     with ThreadPoolExecutor(min(JOBS, len(missing))) as pool:
                         asked = list(pool.map(self.backend.count, missing.values()))
-            except NoTokenizer:
-                raise
-            except BackendError as why:
-                self._failed(why)
-            else:
                 self.store.add(dict(zip(missing, asked, strict=True)))
         return [self(text) for text in texts]
 
