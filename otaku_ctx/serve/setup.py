@@ -5,9 +5,8 @@ the server's own tokenizer where it has one and the user named none) and serve's
 ladder (`assemble.ladder`). ctx's own work runs beside the event loop on a worker thread (`Lane`):
 one for the chats of fewer than `LONG_CHAT` messages and `LONG_CHAT_CHARACTERS` characters, one
 for the longer, so that a long chat's first turn (seconds, at 100,000 messages) holds up no other
-chat's. A counter is one
-thread's, so each lane has its own.
-"""
+chat's. A counter is one thread's, so each lane has its own; one that asks the server falls back
+for a turn the server fails to count (`serve_counter`)."""
 
 from __future__ import annotations
 
