@@ -323,3 +323,40 @@ def test_a_writer_killed_mid_write_leaves_no_temporary_file_for_good(tmp_path: P
         pass
     assert not stale.exists()  # a crash's, swept by the next writer
     assert fresh.exists() and other.exists()  # one being written now, and another file's
+
+
+def test_a_pass_whose_requests_are_stopped_more_than_they_end_gives_up_though_never_three_in_a_row() -> None:
+    """Stopped, ended, stopped, ended, stopped: a model that now and then finishes a reply (one a
+    check turns down, as SmolLM2's in the benchmark) but mostly cannot in a pause is given up at
+    its third stop, the pass's scenes left to extracts; a pass whose requests mostly end goes on
+    past three stops (issue 44: 24 stops and no scene written in 25 minutes)."""
+    from otaku_ctx.backend import Cancelled, Reply
+    from otaku_ctx.serve.summaries import Gate, GatedBackend, TooSlow
+
+    class Backend:
+        url, model = "http://stand-in/v1", "m"
+
+        def __init__(self, answers: str) -> None:
+            self.answers = iter(answers)  # "s" stopped by a turn, "e" a reply that came whole
+            self.asked = 0
+
+        def chat(self, messages: Any, **asked: Any) -> Reply:
+            self.asked += 1
+            if next(self.answers) == "s":
+                raise Cancelled(self.url, "stopped by a live request")
+            return Reply("{}", "stop", 1, 1)
+
+    def asks(answers: str, calls: int) -> tuple[int, bool]:
+        backend = Backend(answers)
+        gated = GatedBackend(backend, Gate(pause=0))  # type: ignore[arg-type]
+        gated.fresh()
+        try:
+            for _ in range(calls):
+                gated.chat([{"role": "user", "content": "the scene"}])
+        except TooSlow:
+            return backend.asked, True
+        return backend.asked, False
+
+    assert asks("seses", 3) == (5, True)  # ended, ended, then the third stop: no more asked
+    assert asks("sseeesee", 5) == (8, False)  # stopped 3 times of 8, mostly ended: goes on
+    assert asks("sss", 1) == (3, True)  # three in a row, as before
