@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import time
+from typing import Any
 from pathlib import Path
 
 import openai
