@@ -9,8 +9,8 @@ import http.client
 import json
 import os
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
