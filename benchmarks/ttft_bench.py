@@ -21,12 +21,13 @@ summary requests serve stopped, and the summaries and extracts written during th
     python benchmarks/ttft_bench.py --smoke         # 4 turns of the own chat, 1-3 s of thought
 
 Figures (2026-12-06, this 2-core machine, `-t 1`, think 5-20 s, reply 48; the frontend's run
-first, then serve's, on one server): time to first token through serve median 4.99 s, p90
-39.52 s; the frontend alone median 13.43 s, p90 38.87 s; p90 ratio 1.02. Summary requests
-stopped by a turn: 24; summaries finished during the run: none (each SmolLM2 summary request
-at `-t 1` was longer than the pauses; run before the three-stops rule, which now writes those
-scenes as extracts). docs/serve.md, "What the player sees", says what they
-mean. Benchmarks report figures; no test asserts a time.
+first, then serve's, on one server), three runs: time to first token through serve median
+4.99 / 4.93 / 4.10 s, p90 39.52 / 29.14 / 32.12 s; the frontend alone median 13.43 / 12.50 /
+11.74 s, p90 38.87 / 37.88 / 35.34 s; p90 ratio 1.02 / 0.77 / 0.91. Summary requests stopped by
+a turn: 24 in each. Scenes with their record at the end: none in the first run (before the
+stops rule), 10 in the second and third (ctx's extracts, each scene's three replies turned
+down by the checks), with 6 and 7 requests of the pass still to send. docs/serve.md, "What the
+player sees", says what they mean. Benchmarks report figures; no test asserts a time.
 """
 
 from __future__ import annotations

@@ -330,7 +330,7 @@ def test_a_pass_whose_requests_are_stopped_more_than_they_end_gives_up_though_ne
     """Stopped, ended, stopped, ended, stopped: a model that now and then finishes a reply (one a
     check turns down, as SmolLM2's in the benchmark) but mostly cannot in a pause is given up at
     its third stop, the pass's scenes left to extracts; a pass whose requests mostly end goes on
-    past three stops (issue 44: 24 stops and no scene written in 25 minutes)."""
+    past three stops (with "three in a row", stopped, ended, stopped… was asked for ever)."""
     from otaku_ctx.backend import Cancelled, Reply
     from otaku_ctx.serve.summaries import Gate, GatedBackend, TooSlow
 

@@ -139,10 +139,9 @@ class GatedBackend:
     @property
     def too_slow(self) -> bool:
         """Whether this pass's requests are stopped more than they end: `STOPS` stopped at least,
-        and more than ended. A reply that comes whole now and then (one a check turns down, in
-        the benchmark's run) does not let a model that mostly cannot finish in a pause go on
-        being asked: 24 requests stopped and no scene written in 25 minutes, in stops never three
-        in a row."""
+        and more than ended. A reply that comes whole now and then does not let a model that
+        mostly cannot finish in a pause go on being asked (with "three in a row", stopped, ended,
+        stopped, ended… never gave up)."""
         return self.stopped >= STOPS and self.stopped > self.ended
 
     def window(self) -> int | None:
