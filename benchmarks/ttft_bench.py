@@ -25,8 +25,8 @@ first, then serve's, on one server), three runs: time to first token through ser
 4.99 / 4.93 / 4.10 s, p90 39.52 / 29.14 / 32.12 s; the frontend alone median 13.43 / 12.50 /
 11.74 s, p90 38.87 / 37.88 / 35.34 s; p90 ratio 1.02 / 0.77 / 0.91. Summary requests stopped by
 a turn: 24 in each. Scenes with their record at the end: none in the first run (before the
-stops rule), 10 in the second and third (ctx's extracts, each scene's three replies turned
-down by the checks), with 6 and 7 requests of the pass still to send. docs/serve.md, "What the
+stops rule), 10 in the second and third (ctx's extracts: no reply of SmolLM2's would do),
+with 6 and 7 requests of the pass still to send. docs/serve.md, "What the
 player sees", says what they mean. Benchmarks report figures; no test asserts a time.
 """
 
