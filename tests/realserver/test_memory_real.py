@@ -110,9 +110,12 @@ SUMMARIES_DEADLINE = 900.0
 
 def test_a_model_whose_summaries_are_all_turned_down_is_said(tmp_path: Path, caplog: Any) -> None:
     """SmolLM2 summarising the opening of SillyTavern's captured Seraphina chat (its frame and
-    first 45 messages: one scene to write, at temperature 0 so that the run is the same each
-    time): every reply is turned down, the scene is ctx's extract, and serve says so — once in
-    its log, with the reason and the remedy, and in `/ctx/stats`."""
+    first 45 messages, at temperature 0): most replies are turned down and the scenes are ctx's
+    extracts; when every reply is, serve says so — once in its log, with the reason and the
+    remedy, and in `/ctx/stats` — and when one is kept, it says nothing of the kind. (Every reply
+    was turned down until the extracts SmolLM2's history prompts read changed with issue 45's
+    sentence split; then it kept one history: the stand-in test in tests/test_serve.py keeps the
+    "all turned down" path exercised.)"""
     import logging
 
     from otaku_ctx.config import SummarizeSettings
@@ -137,7 +140,10 @@ def test_a_model_whose_summaries_are_all_turned_down_is_said(tmp_path: Path, cap
                 assert time.monotonic() < deadline, f"the summaries took too long: {chat}"
                 time.sleep(2)
     print(f"summaries: {written}, failed: {chat['summaries_failed']!r}")
-    assert written["by_model"] == 0 and written["extracts"] >= 1 and written["turned_down"] >= 3, written
-    assert "all turned down" in chat["summaries_failed"]
     lines = [r.getMessage() for r in caplog.records if "summaries were all turned down" in r.getMessage()]
-    assert len(lines) == 1 and "A larger model summarizes" in lines[0] and "[summarize]" in lines[0], lines
+    assert written["extracts"] >= 1 and written["turned_down"] >= 3, written
+    if written["by_model"] == 0:  # every reply turned down: said once, with the remedy
+        assert "all turned down" in chat["summaries_failed"]
+        assert len(lines) == 1 and "A larger model summarizes" in lines[0] and "[summarize]" in lines[0], lines
+    else:  # one reply kept (SmolLM2 did keep one history here once the extracts it reads changed): not said
+        assert chat["summaries_failed"] == "" and lines == [], (chat["summaries_failed"], lines)
