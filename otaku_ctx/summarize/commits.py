@@ -110,6 +110,7 @@ class Commits:
                 if os.stat(lock).st_ino == os.fstat(descriptor).st_ino:
                     self._lock = descriptor
                     with contextlib.suppress(OSError):  # who holds it, for a run it turns away
+                        os.ftruncate(descriptor, 0)  # a killed writer's words are not left after ours
                         os.write(descriptor, f"{self.writer} (pid {os.getpid()})\n".encode())
                     self._sweep()
                     return self
