@@ -13,7 +13,7 @@ from itertools import accumulate
 from ..story.model import Message, Role, Scene
 from .parts import Assembly, Part, Walked
 from .search import Rung, Search
-from .sections import covered_chain, covered_ends, ends, head, near_miss, refs, rungs, tail
+from .sections import covered_chain, covered_ends, ends, head, near_miss, rungs, tail
 from .steps import ChainFound, HeadPriced, Held
 
 # ── The stable policy: a prompt whose prefix holds from turn to turn ────────────────────
@@ -291,22 +291,23 @@ class Stable:
             return None
         row = (high - low + 1).bit_length() - 1
         table = self.least_levels[row]
-        best = min(table[low], table[high - (1 << row) + 1], key=lambda k: (self.level_cost[k], k))
+        best = min(table[low], table[high - (1 << row) + 1], key=self._by_cost)
         return best if self.level_cost[best] < math.inf else None
+
+    def _by_cost(self, level: int) -> tuple[float, int]:
+        """A level's order for `cheapest_level`: what it adds, then the lowest of equals."""
+        return self.level_cost[level], level
 
     @cached_property
     def least_levels(self) -> list[list[int]]:
         """A sparse table of the levels: row r's entry at k is the level in k..k+2^r−1 that adds
         the least (the lowest of equals), so the walk's every move under pressure (`roomiest`)
         reads a chain's cheapest level in two lookups, not by pricing each level."""
-        key = self.level_cost.__getitem__
         rows = [list(range(len(self.level_cost)))]
         width = 1
         while 2 * width <= len(self.level_cost):
             last = rows[-1]
-            rows.append([
-                min(last[k], last[k + width], key=lambda j: (key(j), j)) for k in range(len(last) - width)
-            ])  # fmt: skip
+            rows.append([min(last[k], last[k + width], key=self._by_cost) for k in range(len(last) - width)])
             width *= 2
         return rows
 
@@ -419,7 +420,9 @@ class Stable:
         for candidate in dict.fromkeys([*tried, *self.ordered(n, held)]):
             m, k = candidate
             target = self.target(m, n)
-            rung = at[target] if target in at else at.setdefault(target, self.rung(target, base))
+            if target not in at:
+                at[target] = self.rung(target, base)
+            rung = at[target]
             if len(rung.chain.scenes) != m:  # not a candidate at this turn after all
                 continue
             if candidate != held:
@@ -431,10 +434,10 @@ class Stable:
                 recent = self.prefix[n] - self.prefix[max(len(opening), n - 10)]
                 per_turn = max(1, recent // max(1, min(10, n - len(opening)))) if n > len(opening) else 0
                 note = Held(
-                    since, target, k, refs(rung.chain.scenes), changes, self.margin(n), room,
+                    since, target, k, rung.scenes, changes, self.margin(n), room,
                     room // per_turn if per_turn else 0,
                 )  # fmt: skip
-                chosen = ChainFound(target, refs(rung.chain.scenes), covered_ends(rung.chain), rung.chain.stop)
+                chosen = ChainFound(target, rung.scenes, covered_ends(rung.chain), rung.chain.stop)
                 # the walk as it stands (not the shape confirmed): going on from it walks as from the start
                 return replace(search.result(found, decided=(chosen, note)), walked=walked)
         search.restart()

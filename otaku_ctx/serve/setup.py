@@ -24,6 +24,7 @@ from ..config import SERVE_DEFAULTS, ModelSettings, Settings
 from ..model.server import MARGIN, ServerCounter
 from ..tokens import TokenCounter, make_counter
 from .assemble import ladder
+from .chats import text_of
 
 log = logging.getLogger("otaku_ctx.serve")
 T = TypeVar("T")
@@ -39,12 +40,8 @@ def characters(messages: Sequence[Any]) -> int:
     """The characters of a request's messages' text (a string content, or its text parts), up to
     `LONG_CHAT_CHARACTERS`: what tells a long chat of few messages."""
     total = 0
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            total += len(content)
-        elif isinstance(content, list):
-            total += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    for at, message in enumerate(messages):  # checked already (`chats.check_messages`): text only
+        total += len(text_of(message.get("content"), f"messages[{at}]"))
         if total >= LONG_CHAT_CHARACTERS:
             break
     return total

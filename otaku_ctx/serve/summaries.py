@@ -244,11 +244,6 @@ class Summarizer:
                 self.queue.append(session)
             self._lock.notify_all()
 
-    def writing(self, session: Session) -> bool:
-        """Whether this chat's summaries are planned or being written now."""
-        with self._lock:
-            return session in self.queue or session.summaries.busy
-
     def _loop(self) -> None:
         while True:
             with self._lock:

@@ -48,8 +48,7 @@ def assemble_turn(
         state = session.turn
         story = chat_story(request.body, state.story, sent_before=state.sent)
         state.read(request.body["messages"], story)
-        writing = summarizer is not None and summarizer.writing(session)
-        told = store.story(session, story, hold=writing, window=window)
+        told = store.story(session, story, hold=session.summaries.writing, window=window)
         serve = setup.settings.serve
         for keep in (serve.frame_sticky, 0) if serve.frame_sticky else (0,):  # what stopped being sent goes first
             placed = placed_frame(state, told, request.frame, serve, keep, store.cutting.settle)
