@@ -134,7 +134,7 @@ CASES: dict[str, list[str]] = {
     # issue 35, `ctx serve`'s own surface (serve runs in the pytest process: its memory is counted)
     "s5": ["tests/test_serve_relay.py::test_a_backend_that_breaks_its_chunked_encoding_ends_the_client_s_stream"],
     "s6": ["tests/test_serve_relay.py::test_a_backend_that_stops_mid_line_is_an_api_error_not_a_decode_error"],
-    "s7": ["tests/test_serve_sidecar.py::test_summaries_are_written_under_steady_play"],
+    "s7": ["tests/test_serve_sidecar.py::test_summaries_wait_for_the_players_pauses"],
     "s8": [
         "tests/test_serve_connections.py::test_idle_and_trickling_connections_are_closed",
         "tests/test_serve_connections.py::test_past_the_bound_the_oldest_connections_go_and_a_client_is_answered",

@@ -214,5 +214,24 @@ def test_nothing_imports_builds_private_names() -> None:
     assert not found, f"{found} import private names of otaku_ctx.build"
 
 
+
+def test_every_test_a_benchmark_or_script_names_still_exists() -> None:
+    """A test renamed under a benchmark's list (`tests/x.py::test_y`) fails here, in a minute,
+    not in CI's smoke step an hour in."""
+    sources = [*(REPO / "benchmarks").rglob("*.py"), *(REPO / "benchmarks").rglob("*.sh"), REPO / ".ci" / "run"]
+    named = {
+        (path, test)
+        for source in sources
+        if source.is_file()
+        for path, test in re.findall(r"(tests/[\w/]+\.py)::(\w+)", source.read_text("utf-8"))
+    }
+    assert named, "no benchmark names a test: the pattern no longer reads them"
+    missing = sorted(
+        f"{path}::{test}"
+        for path, test in named
+        if not re.search(rf"^(?:async )?def {test}\(", (REPO / path).read_text("utf-8"), re.MULTILINE)
+    )
+    assert not missing, f"benchmarks name tests that are gone: {missing}"
+
 if __name__ == "__main__":
     print(stage_table(), end="")
