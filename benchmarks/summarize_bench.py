@@ -69,6 +69,7 @@ import tempfile
 import time
 from io import BytesIO, StringIO
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "realserver"))
@@ -135,9 +136,11 @@ def in_process(story: Path, url: str, config: Path) -> tuple[float, list[tuple[f
     timed: list[tuple[float, float]] = []
     send = transport.Transport.send
 
-    def timed_send(self: transport.Transport, method: str, path: str, body: bytes | None = None) -> transport.Answer:
+    def timed_send(
+        self: transport.Transport, method: str, path: str, body: bytes | None = None, cancel: Any = None
+    ) -> transport.Answer:
         began = time.perf_counter()
-        answer = send(self, method, path, body)
+        answer = send(self, method, path, body, cancel)
         client = (time.perf_counter() - began) * 1000
         if path.endswith("/chat/completions"):
             said = json.loads(answer.body).get("timings") or {}

@@ -214,7 +214,6 @@ def test_nothing_imports_builds_private_names() -> None:
     assert not found, f"{found} import private names of otaku_ctx.build"
 
 
-
 def test_every_test_a_benchmark_or_script_names_still_exists() -> None:
     """A test renamed under a benchmark's list (`tests/x.py::test_y`) fails here, in a minute,
     not in CI's smoke step an hour in."""
@@ -232,6 +231,7 @@ def test_every_test_a_benchmark_or_script_names_still_exists() -> None:
         if not re.search(rf"^(?:async )?def {test}\(", (REPO / path).read_text("utf-8"), re.MULTILINE)
     )
     assert not missing, f"benchmarks name tests that are gone: {missing}"
+
 
 if __name__ == "__main__":
     print(stage_table(), end="")
