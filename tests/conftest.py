@@ -107,7 +107,7 @@ def _short_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
     """serve's summaries wait for a player's pause of 50 ms, not a second: the tests whose chats
     are summarised do not each wait a second a pass (tests/test_serve_sidecar.py's pause tests
     set the gate's own `pause` to the real one)."""
-    monkeypatch.setattr("otaku_ctx.serve.summaries.PAUSE", 0.05)
+    monkeypatch.setattr("otaku_ctx.serve.gate.PAUSE", 0.05)
 
 
 @pytest.fixture(autouse=True)

@@ -36,6 +36,7 @@ from . import relay
 from .body import read_json
 from .chats import HEADER
 from .errors import Failure, ServeError, Unauthorized, failure_of
+from .gate import Gate
 from .logs import unquoted
 from .record import record, refusal, stats_of
 from .request import parse
@@ -43,7 +44,7 @@ from .sessions import Sessions
 from .setup import Lanes
 from .stats import Usage
 from .store import Store, chats_folder
-from .summaries import Gate, Summarizer
+from .summaries import Summarizer
 from .turn import assemble_turn
 from .upstream import Upstream
 

@@ -1,13 +1,11 @@
 """Summaries in the background: when a chat's settled part has no summaries, the same backend
-is asked for them, one request at a time, in the player's pauses: a summary request starts only
-once no live request has been in flight for `PAUSE` seconds (the player reading the reply and
-typing the next message), and a live request that arrives while one is on the backend stops it
-at once (its connection closed, which stops the server generating): the turn goes first and
-waits for nothing of ctx's. The stopped request is asked again in the next pause; the scene it
-was for is written whole or not at all. When a pass's requests are stopped `STOPS` times and
-more often than they end, the model's summaries take longer than the player's pauses: the rest
-of the pass's scenes are written as ctx's extracts at once (no request), so every scene has its
-record while the player plays, and the chat's next scenes ask the model again.
+is asked for them, one request at a time, through the gate (`gate.py`): in the player's pauses,
+stopped by a live turn and asked again in the next pause, so the turn goes first and waits for
+nothing of ctx's, and a scene is written whole or not at all. When a pass's requests come to
+nothing more often than they give a summary that is kept (stopped by turns: the model takes
+longer than the player's pauses; or turned down: it cannot summarise), the rest of the pass's
+scenes are written as ctx's extracts at once, so every scene has its record while the player
+plays, and the chat's next scenes ask the model again.
 
 The planning and the commits are `ctx summarize`'s own (`summarize.plan_for`, `summarize.run`):
 resumable (each finished scene is written to the chat's sidecar before the next request) and
@@ -17,159 +15,30 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
-from ..backend import Backend, BackendError, Cancel, Cancelled, Reply
+from ..backend import Backend, BackendError
 from ..config import Settings, SummarizeSettings
 from ..errors import OtakuError
 from ..story.model import Story
 from ..story.sidecar import Record
-from ..summarize import Plan, Progress, Prompts, SummarizeError, plan_for, prompts_of, run
+from ..summarize import Plan, Progress, Prompts, plan_for, prompts_of, run
 from ..summarize.commits import Commits
 from ..tokens import TokenCounter
+from .gate import Gate, GatedBackend, Stopped
 from .session import Session
 from .store import Store
 
 log = logging.getLogger("otaku_ctx.serve")
 
 
-class Stopped(Exception):
-    """The server is stopping: no further summary request is sent."""
-
-
-#: seconds with no live request in flight before a summary request may start: a player's pause
-PAUSE = 1.0
-#: summary requests of a pass stopped by live ones, more than ended, before it gives up on the model
-STOPS = 3
 #: a chat's `summaries_failed` while every summary written for it is ctx's extract
 ALL_TURNED_DOWN = "the model's summaries were all turned down: extracts stand in"
 #: a chat's `summaries_failed` after a pass whose requests the player's turns kept stopping
 TOO_SLOW = "the model's summary requests take longer than the player's pauses: extracts stand in"
-
-
-class TooSlow(SummarizeError):
-    """A pass's summary requests were stopped by live ones `STOPS` times and more often than they
-    ended (`GatedBackend.too_slow`): the scene is written as
-    ctx's extract (`summarize.run`'s fallback) instead of waiting for a pause long enough."""
-
-
-class Gate:
-    """Live requests first. `live()` holds the gate for a frontend's request from its arrival
-    to its reply's end, and stops the summary request on the backend, if one is; `summary()`
-    holds it for one summary request, sent only in a pause (no live request held for `pause`
-    seconds), one at a time, and stoppable (`Cancel`). `preempted` counts the summary requests
-    a live request stopped. Lock: `_changed`."""
-
-    def __init__(self, pause: float | None = None) -> None:
-        self._changed = threading.Condition()
-        self.pause = PAUSE if pause is None else pause
-        self.live_now = 0
-        self.quiet_since = time.monotonic()  # when the last live request ended
-        self.cancel: Cancel | None = None  # the summary request on the backend, while one is
-        self.preempted = 0
-        self.stopping = False
-
-    @contextmanager
-    def live(self) -> Iterator[None]:
-        with self._changed:
-            self.live_now += 1
-            if self.cancel is not None and not self.cancel.stopped:
-                self.cancel.stop()
-                self.preempted += 1
-        try:
-            yield
-        finally:
-            with self._changed:
-                self.live_now -= 1
-                if not self.live_now:
-                    self.quiet_since = time.monotonic()
-                self._changed.notify_all()
-
-    @contextmanager
-    def summary(self) -> Iterator[Cancel]:
-        """Wait for a pause, then send one summary request, stopped (`Cancel`) when a live
-        request comes."""
-        with self._changed:
-            while True:
-                if self.stopping:
-                    raise Stopped()
-                if self.cancel is None and not self.live_now:
-                    left = self.quiet_since + self.pause - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._changed.wait(left)
-                else:
-                    self._changed.wait()
-            cancel = self.cancel = Cancel()
-        try:
-            yield cancel
-        finally:
-            with self._changed:
-                self.cancel = None
-                self._changed.notify_all()
-
-    def stop(self) -> None:
-        with self._changed:
-            self.stopping = True
-            if self.cancel is not None:
-                self.cancel.stop()
-            self._changed.notify_all()
-
-
-class GatedBackend:
-    """The backend as the summarizer sees it: each chat request waits at the gate. What
-    `summarize.run` uses of a `Backend` (`summarize.SummaryBackend`), and nothing else.
-    `stopped` counts this pass's requests that live ones stopped, `ended` those whose reply came
-    whole (a pass starts both at 0: `fresh`); `gave_up`, the requests answered `TooSlow`."""
-
-    def __init__(self, backend: Backend, gate: Gate) -> None:
-        self.backend, self.gate = backend, gate
-        self.url, self.model = backend.url, backend.model
-        self.stopped = self.ended = 0
-        self.gave_up = 0
-
-    def fresh(self) -> None:
-        """A new pass: the model is given its chance again."""
-        self.stopped = self.ended = 0
-
-    @property
-    def too_slow(self) -> bool:
-        """Whether this pass's requests are stopped more than they end: `STOPS` stopped at least,
-        and more than ended. A reply that comes whole now and then does not let a model that
-        mostly cannot finish in a pause go on being asked (with "three in a row", stopped, ended,
-        stopped, ended… never gave up)."""
-        return self.stopped >= STOPS and self.stopped > self.ended
-
-    def window(self) -> int | None:
-        return self.backend.window()
-
-    def chat(self, messages: Sequence[Mapping[str, str]], **asked: Any) -> Reply:
-        """The reply, asked in a pause; asked again in the next one when a live request stopped
-        it (so a scene's reply is whole, or not taken); `TooSlow`, with no request, once the
-        pass's requests are stopped more than they end (`too_slow`)."""
-        while not self.too_slow:
-            with self.gate.summary() as cancel:
-                try:
-                    reply = self.backend.chat(messages, cancel=cancel, **asked)
-                except Cancelled:
-                    if self.gate.stopping:
-                        raise Stopped() from None
-                    self.stopped += 1
-                    log.debug("a summary request stopped for a live one: asked again in the next pause")
-                    continue
-            self.ended += 1
-            return reply
-        self.gave_up += 1
-        raise TooSlow(
-            f"{self.stopped} summary requests were stopped by the player's turns, {self.ended} ended: too slow"
-        )
-
-    def loop_penalty(self) -> dict[str, float]:
-        return self.backend.loop_penalty()
+#: a chat's `summaries_failed` after a pass given up as its replies were mostly turned down
+MOSTLY_TURNED_DOWN = "the model's summaries were mostly turned down: extracts stand in"
 
 
 @dataclass
@@ -293,15 +162,16 @@ class Summarizer:
             )
             return
         session.summaries.end(why="")
-        session.summaries.planned(chosen, Progress())
-        self.backend.fresh()
+        progress = Progress()
+        session.summaries.planned(chosen, progress)
+        self.backend.fresh(progress)
         gave_up = self.backend.gave_up
         log.info("chat %s: writing summaries: %d scenes, %d requests", key, len(chosen.spans), len(chosen.requests))
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             # the lock ctx summarize takes too, saying who holds it; merged into its own file
             with Commits(path, own, writer="ctx serve") as commits:
-                report = run(chosen, self.backend, prompts, commits.commit, work.progress)
+                report = run(chosen, self.backend, prompts, commits.commit, progress)
         except BackendError as error:
             raise OtakuError(str(error)) from None
         missing = f", {len(report.missing)} that no reply would do for" if report.missing else ""
@@ -311,7 +181,8 @@ class Summarizer:
         )  # fmt: skip
         why = f"no reply of the model would do for {len(report.missing)} scenes" if report.missing else None
         by_model = report.summaries + report.histories - report.extracts
-        too_slow = self.backend.gave_up - gave_up
+        not_asked = self.backend.gave_up - gave_up
+        too_slow = not_asked if self.backend.too_slow else 0
         if too_slow:
             log.warning(
                 "chat %s: %d scenes and histories written as ctx's extracts: %d summary requests were stopped by"
@@ -321,8 +192,16 @@ class Summarizer:
                 key, too_slow, self.backend.stopped, self.backend.ended,
             )  # fmt: skip
             why = why or TOO_SLOW
+        elif not_asked and by_model:  # some kept: all turned down is said below, once a chat
+            log.warning(
+                "chat %s: %d scenes and histories written as ctx's extracts, not asked of the model: %d of its"
+                " %d replies were turned down (the last: %s). The chat's next scenes ask it again; a larger"
+                " model summarizes, or point [summarize] url and model at another server",
+                key, not_asked, report.turned_down, self.backend.ended, progress.why_turned_down or "none usable",
+            )  # fmt: skip
+            why = why or MOSTLY_TURNED_DOWN
         if session.summaries.tally(by_model, report.extracts, report.turned_down, too_slow):
-            reason = work.progress.why_turned_down if work.progress is not None else ""
+            reason = progress.why_turned_down
             log.warning(
                 "chat %s: the model's summaries were all turned down (%d replies; the last: %s): ctx writes"
                 " extracts of each scene's own lines instead. A larger model summarizes; or point [summarize]"

@@ -353,7 +353,7 @@ class Report:
 
 
 class SummaryBackend(Protocol):
-    """What a summary run uses of a `Backend`: serve's gated one (`serve.summaries.GatedBackend`)
+    """What a summary run uses of a `Backend`: serve's gated one (`serve.gate.GatedBackend`)
     is another, so the type checker holds the two to the same fields."""
 
     url: str

@@ -30,9 +30,9 @@ import pytest
 from conftest import free_port, launch, stop
 
 from otaku_ctx.config import ServeSettings, Settings, SummarizeSettings
+from otaku_ctx.serve.gate import GatedBackend
 from otaku_ctx.serve.http import Service
 from otaku_ctx.serve.listen import Running
-from otaku_ctx.serve.summaries import GatedBackend
 
 LINES = (
     "The lamp needs oil before the storm reaches the rocks.",
