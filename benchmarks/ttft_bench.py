@@ -165,9 +165,8 @@ def main() -> None:
 
     written = [c["summaries"] for c in stats["chats"]]
     left = sum(c["summaries_left"] for c in stats["chats"])
-    records = [
-        r for path in (Path(os.environ["OTAKU_HOME"]) / "chats").glob("*.ctx-summaries") for r in read_sidecar(path)
-    ]
+    sidecars = [read_sidecar(path) for path in (Path(os.environ["OTAKU_HOME"]) / "chats").glob("*.ctx-summaries")]
+    records = [r for sidecar in sidecars for r in sidecar]
     extracts = sum(r.model == EXTRACT for r in records)
     print(f"{len(served)} turns, llama-server -np 1 -c {WINDOW}, think {think[0]:g}-{think[1]:g} s, reply {args.reply}")
     print(f"time to first token through serve: median {statistics.median(served):.2f} s, p90 {p90(served):.2f} s")
@@ -178,6 +177,10 @@ def main() -> None:
         f"scenes with their record at the end: {len(records)} ({len(records) - extracts} the model's summaries,"
         f" {extracts} ctx's extracts); requests left unwritten: {left}"
     )
+    lengths = [c["turns"][-1]["messages"] for c in stats["chats"]]
+    covered = sorted((len(sidecar), max(r.end for r in sidecar)) for sidecar in sidecars if sidecar)
+    writing = sum(c["summaries_writing"] for c in stats["chats"])
+    print(f"chats of {lengths} messages; sidecars (scenes, to message): {covered}; chats still writing: {writing}")
     print("per turn (serve, alone):", [(round(a, 2), round(b, 2)) for a, b in zip(served, alone, strict=True)])
 
 
