@@ -241,6 +241,24 @@ class SummarizeSettings:
 
 
 @dataclass(frozen=True)
+class RecallSettings:
+    """`[recall]`: the embeddings of seed 000's RAG Infill Engine (docs/lore.md, "Recall by
+    meaning"). Off while `url` or `model` is empty: the keyword engine recalls alone."""
+
+    url: str = setting(
+        "", "the embeddings server's base URL: OpenAI-style (…/v1/embeddings) or Ollama's; empty: keywords only", "text"
+    )
+    model: str = setting("", 'the embedding "model" asked for (the server\'s name for it)', "text")
+    api_key_env: str = setting("", "the NAME of the environment variable holding the API key; empty: no key", "text")
+    timeout: float = setting(5.0, "seconds a turn waits for its question's embedding; then keywords", "seconds")
+    batch: int = setting(32, "texts a request when the story's vectors are written", "count", least=1)
+
+    @property
+    def on(self) -> bool:
+        return bool(self.url.strip() and self.model.strip())
+
+
+@dataclass(frozen=True)
 class ServeSettings:
     """`[serve]`: `ctx serve`, the OpenAI-compatible server between the user's frontend and their
     model server (docs/serve.md)."""
@@ -290,6 +308,7 @@ SECTIONS: dict[
     | type[ModelSettings]
     | type[LoreSettings]
     | type[SummarizeSettings]
+    | type[RecallSettings]
     | type[ServeSettings],
 ] = {
     "context": ContextSettings,
@@ -297,6 +316,7 @@ SECTIONS: dict[
     "model": ModelSettings,
     "lore": LoreSettings,
     "summarize": SummarizeSettings,
+    "recall": RecallSettings,
     "serve": ServeSettings,
 }
 
@@ -316,6 +336,7 @@ class Settings:
     model: ModelSettings = ModelSettings()
     lore: LoreSettings = LoreSettings()
     summarize: SummarizeSettings = SummarizeSettings()
+    recall: RecallSettings = RecallSettings()
     serve: ServeSettings = ServeSettings()
     sources: Mapping[str, str] = field(default_factory=dict)
     given: frozenset[str] = frozenset()
@@ -528,6 +549,7 @@ def load_settings(
         model=ModelSettings(**values["model"]),
         lore=LoreSettings(**values["lore"]),
         summarize=SummarizeSettings(**values["summarize"]),
+        recall=RecallSettings(**values["recall"]),
         serve=ServeSettings(**values["serve"]),
         sources=sources,
         given=frozenset(overrides or ()),

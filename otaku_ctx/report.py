@@ -87,15 +87,21 @@ def _tried(step: Tried) -> str:
 
 def _recalled(step: Recalled) -> str:
     asked = f"the newest messages as of message {step.at:,}"
+    how = "recall by meaning and keywords" if step.engine == "meaning" else "recall"
+    if step.why:
+        how = f"recall by keywords alone ({step.why})"
     if not step.taken:
         left = f"{step.candidates:,} older messages and summaries left out"
-        return f"recall: none of the {left} shares a rare word with {asked}"
+        return f"{how}: none of the {left} shares a rare word with {asked}"
     shown = []
-    for kind, ref, who, score, words in step.taken:
+    near = step.near or (None,) * len(step.taken)
+    for (kind, ref, who, score, words), close in zip(step.taken, near, strict=True):
         what = f"message {ref:,} ({who})" if kind == "message" and isinstance(ref, int) else f"scene {ref}'s summary"
-        shown.append(f"{what}: {', '.join(words[:4])} (score {score:g})")
+        because = [f"meaning {close:.2f}"] if close is not None else []
+        because += [", ".join(words[:4])] if words else []
+        shown.append(f"{what}: {'; '.join(because) or 'fused rank'} (score {score:g})")
     return (
-        f"recall: {len(step.taken)} of {step.candidates:,} left out, for {asked} — {step.tokens:,} of "
+        f"{how}: {len(step.taken)} of {step.candidates:,} left out, for {asked} — {step.tokens:,} of "
         f"{step.budget:,} tokens: " + "; ".join(shown)
     )
 

@@ -43,11 +43,13 @@ STAGES: dict[str, set[str]] = {
     "build": FOUNDATION | {"story", "lore", "assemble", "config", "hbs", "render", "backend", "model"},
     "replay": FOUNDATION | {"story", "assemble", "config", "hbs", "render", "build", "model"},  # assemble: the bound
     "report": FOUNDATION | {"story", "lore", "assemble", "render", "build", "model"},
+    # recall by meaning: the embedding model asked through backend/, its vectors beside the summaries
+    "embed": FOUNDATION | {"story", "config", "backend"},
     # ctx serve: a chat request -> build -> the backend; summaries through summarize/
-    "serve": FOUNDATION | {"story", "assemble", "config", "backend", "build", "summarize", "model", "render"},
+    "serve": FOUNDATION | {"story", "assemble", "config", "backend", "build", "summarize", "model", "render", "embed"},
     "cli": FOUNDATION
     | {"story", "lore", "assemble", "config", "hbs", "render", "build", "replay", "report", "backend", "summarize"}
-    | {"model", "serve", ""},
+    | {"model", "serve", "embed", ""},
     "__main__": {"status", "cli", ""},
     "": {"story", "lore", "assemble", "config", "hbs", "render", "build", "errors", "tokens"},  # the lazy public API
 }

@@ -40,8 +40,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from ..story.meaning import Meaning
 from ..story.model import Message, Scene, Story
 from ..story.words import STOPWORDS, WORD
+from .meaning import by_meaning, diverse, fused, identity, meant, within_budgets
 from .parts import Assembly, Part, Pricer, SceneRef
 from .steps import Recalled
 
@@ -294,7 +296,14 @@ def recalled(
         return assembly
     pool = candidates(story, assembly, at)
     query = story.messages[max(0, at - NEWEST) : at]
-    chosen = fill(rank(pool, query), budget, pricer, recall) if budget > 0 else []
+    ranked = rank(pool, query) if budget > 0 else []
+    engine, why, near = "keywords", "", {}
+    if story.meaning is not None and budget > 0:
+        by_meaning, why = _by_meaning(pool, ranked, story.meaning, budget, pricer)
+        if by_meaning is not None:
+            chosen, engine, near = [r for r, _ in by_meaning], "meaning", {id(r.part): n for r, n in by_meaning}
+    if engine == "keywords":
+        chosen = fill(ranked, budget, pricer, recall) if budget > 0 else []
     found, tokens = assembly, assembly.tokens
     while chosen:
         found = replace(assembly, recall=in_order(chosen))
@@ -305,9 +314,37 @@ def recalled(
     if not chosen:
         found, tokens = assembly, assembly.tokens
     taken = tuple(_taken(r) for r in chosen)
-    step = Recalled(at, pool.size, budget, tokens - assembly.tokens, taken)
+    nearness = tuple(near.get(id(r.part), 0.0) for r in chosen) if engine == "meaning" else ()
+    step = Recalled(at, pool.size, budget, tokens - assembly.tokens, taken, engine, why, nearness)
     costs = {**assembly.costs, "recall": tokens - assembly.tokens}
     return replace(found, tokens=tokens, costs=costs, steps=(*assembly.steps, step))
+
+
+def _by_meaning(
+    pool: Pool, ranked: Sequence[Ranked], meaning: Meaning, budget: int, pricer: Pricer
+) -> tuple[list[tuple[Ranked, float]] | None, str]:
+    """Seed 000's RAG Infill Engine (`meaning.py`): the candidates by meaning, both queries'
+    rankings fused with the keyword engine's, re-ranked for variety, filled by kind within
+    their budgets — each taken one with its fused score and its similarity to the nearer
+    query. (None, why) when it cannot run, and the keyword engine recalls alone."""
+    if meaning.failed:
+        return None, meaning.failed
+    if not meaning.asks:
+        return None, "no question to embed"
+    messages = pool.story.messages[pool.first - 1 : pool.last] if pool.last >= pool.first else ()
+    found = meant(pool.scenes, messages, meaning)
+    if not found:
+        return None, f"none of the {pool.size:,} left out has its vector yet"
+    vectors = {identity(m.part): m.vector for m in found}
+    nearest = {identity(m.part): max(m.question, m.recent) for m in found}
+    passes = [[m.part for m in by_meaning(found, q)] for q in ("question", "recent")]
+    keyword = {identity(r.part): r for r in ranked}
+    order = within_budgets(diverse(fused([*passes, [r.part for r in ranked]]), vectors), budget, pricer)
+    chosen = []
+    for part, score in order:
+        words = keyword[identity(part)].words if identity(part) in keyword else ()
+        chosen.append((Ranked(part, round(score, 5), words), round(nearest.get(identity(part), 0.0), 3)))
+    return chosen, ""
 
 
 def _taken(r: Ranked) -> tuple[str, SceneRef, str, float, tuple[str, ...]]:

@@ -134,13 +134,19 @@ class Held(NamedTuple):
 class Recalled(NamedTuple):
     """What the newest messages at turn `at` recalled (`recall.py`): of `candidates` left out,
     each taken one as (its kind: "message" or "scene", its number or scene ref, its speaker,
-    its score, the rare words it shares with them), within `budget` tokens, `tokens` spent."""
+    its score, the rare words it shares with them), within `budget` tokens, `tokens` spent.
+    `engine`: "keywords" or "meaning" (`meaning.py`: then `near` holds each taken one's
+    similarity to the nearer query, and the score is the fused one); `why`: why the keyword
+    engine ran where `[recall]` names an embedding model."""
 
     at: int
     candidates: int
     budget: int
     tokens: int
     taken: tuple[tuple[str, SceneRef, str, float, tuple[str, ...]], ...]
+    engine: str = "keywords"
+    why: str = ""
+    near: tuple[float, ...] = ()
 
 
 class Refused(NamedTuple):

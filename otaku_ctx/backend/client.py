@@ -6,6 +6,7 @@ these methods and never build a request themselves."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import threading
@@ -18,7 +19,7 @@ from urllib.parse import quote
 
 from ..jsonload import JSONProblem, TooDeep, TooMany, loads
 from .failures import TOO_DEEP, TOO_MANY, BackendError, BadReply, BadURL, KeyMissing, NoTokenizer, classify
-from .servers import LLAMA_CPP, MOST_WINDOW, OPENAI, SERVERS, WINDOWS, LlamaCpp, Server, ServerKind
+from .servers import LLAMA_CPP, MOST_WINDOW, OLLAMA, OPENAI, SERVERS, WINDOWS, LlamaCpp, Server, ServerKind
 from .transport import Answer, Cancel, Retry, Transport, split_url, without_credentials
 
 
@@ -68,6 +69,37 @@ def decoded(body: bytes, url: str) -> Any:
         raise BadReply(url, TOO_DEEP) from None
     except TooMany:
         raise BadReply(url, TOO_MANY) from None
+
+
+#: the most numbers an embedding may have (the largest models' are 4,096 to 8,192)
+MOST_DIMENSIONS = 16_384
+
+
+def vectors_of(data: dict[str, Any], listed: str, wanted: int, url: str) -> list[list[float]]:
+    """The vectors of an embeddings reply: OpenAI's `data` (each `{"embedding": […], "index": i}`,
+    put in `index` order) or Ollama's `embeddings` (a list of lists); `BadReply` unless there
+    are `wanted` of them, each a list of the same number of finite numbers."""
+    found = data.get(listed)
+    if not isinstance(found, list) or len(found) != wanted:
+        count = len(found) if isinstance(found, list) else "no"
+        raise BadReply(url, f"an embeddings reply with {count} vectors for {wanted} texts")
+    if listed == "data":
+        if not all(isinstance(item, dict) for item in found):
+            raise BadReply(url, "an embeddings reply whose data are not objects")
+        order = [item.get("index", n) for n, item in enumerate(found)]
+        if sorted(o for o in order if isinstance(o, int)) != list(range(wanted)):
+            raise BadReply(url, "an embeddings reply whose indexes are not 0 to n - 1")
+        found = [item.get("embedding") for _, item in sorted(zip(order, found, strict=True), key=lambda p: p[0])]
+    vectors: list[list[float]] = []
+    for vector in found:
+        if not isinstance(vector, list) or not 0 < len(vector) <= MOST_DIMENSIONS:
+            raise BadReply(url, "an embedding that is not a list of 1 to 16,384 numbers")
+        if vectors and len(vector) != len(vectors[0]):
+            raise BadReply(url, f"embeddings of {len(vectors[0])} and {len(vector)} numbers in one reply")
+        if not all(type(x) in (int, float) and math.isfinite(x) for x in vector):
+            raise BadReply(url, "an embedding holding something other than a finite number (NaN, text)")
+        vectors.append([float(x) for x in vector])
+    return vectors
 
 
 def _names(value: object) -> list[object]:
@@ -164,6 +196,20 @@ class Backend:
         answer = self._send("chat", "POST", path, json.dumps(request, ensure_ascii=False).encode("utf-8"), cancel)
         data = self._json(answer, path, asked_format=response_format is not None)
         return self._reply(data, path, asked_format=response_format is not None)
+
+    def embed(self, texts: Sequence[str], *, cancel: Cancel | None = None) -> list[list[float]]:
+        """The model's embedding of each text, in order: `POST {url}/embeddings` (OpenAI's, and
+        llama.cpp's `--embeddings`, vLLM's, TabbyAPI's), or Ollama's `/api/embed` when the URL
+        is not a `/v1` base and the server is Ollama. Raises `BadReply` unless every vector is
+        there, of one length, every number finite."""
+        request = {"model": self.model, "input": list(texts)}
+        if not self.base.endswith("/v1") and self._detected()[0].name == OLLAMA:
+            path, listed = f"{self.root}/api/embed", "embeddings"
+        else:
+            path, listed = f"{self.base}/embeddings", "data"
+            request["encoding_format"] = "float"
+        answer = self._send("embed", "POST", path, json.dumps(request, ensure_ascii=False).encode("utf-8"), cancel)
+        return vectors_of(self._json(answer, path, asked_format=False), listed, len(texts), self.transport.url(path))
 
     def window(self) -> int | None:
         """The model's context in tokens, as the server says it (asked once, then remembered;

@@ -21,6 +21,7 @@ import typer
 from .. import __version__
 from ..status import ExitStatus
 from .config import config_app
+from .embed import embed_cmd
 from .examples import EXAMPLES
 from .replay import replay_cmd
 from .scenes import scenes_cmd
@@ -45,6 +46,7 @@ for name, run_command, short_help in (
     ("replay", replay_cmd, "Replay STORY turn by turn and measure prompt-cache reuse."),
     ("summarize", summarize_cmd, "Summarize STORY's scenes with your own model."),
     ("scenes", scenes_cmd, "List STORY's scenes; show one, or redo some."),
+    ("embed", embed_cmd, "Embed STORY's texts for recall by meaning."),
     ("serve", serve_cmd, "Serve an OpenAI-compatible API that fits each chat to your model."),
 ):
     app.command(name, short_help=short_help, epilog=EXAMPLES[name])(run_command)

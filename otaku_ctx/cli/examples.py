@@ -38,6 +38,10 @@ EXAMPLES = {
         f"ctx scenes {STORY} --show 4",
         f"ctx scenes chat.jsonl --redo 4-6 --url {SERVER} --model smol",
     ),
+    "embed": examples(
+        "llama-server -m embedder.gguf --embeddings --port 8081 &",
+        "ctx embed chat.jsonl --url http://127.0.0.1:8081/v1 --model embedder",
+    ),
     "serve": examples(
         "llama-server -m model.gguf -c 8192 &",
         f"ctx serve --backend {SERVER}",

@@ -179,10 +179,17 @@ class Request:
     summaries: str | None = None  # --summaries FILE|none
 
     def settings(self) -> Settings:
-        """The settings, with what the model `--use` names gives where the user set nothing."""
+        """The settings, with what the model `--use` names gives where the user set nothing;
+        with an embedding model named (`[recall]`), recall on at serve's share where no share
+        was set (recall by meaning is what the user asked for)."""
         from ..build import with_model
+        from ..config import SERVE_DEFAULTS
 
-        return with_model(settings_from(self.config, self.overrides))
+        settings = with_model(settings_from(self.config, self.overrides))
+        if settings.recall.on and settings.sources.get("context.recall", "default") == "default":
+            context = replace(settings.context, recall=SERVE_DEFAULTS["context.recall"])
+            settings = replace(settings, context=context)
+        return settings
 
     def read_story(self) -> Story:
         """The story with its cards, read (see `read_story`)."""
@@ -203,6 +210,13 @@ class Request:
             pipeline = Pipeline(settings, emit=self.emit)
             phase(f"reading {self.story}")
             story = self.read_story()
+            if settings.recall.on:  # the two queries embedded: one request, [recall] timeout at most
+                from ..embed import Held, vectors_path, with_meaning
+
+                phase(f"asking {settings.recall.model} what the newest messages mean")
+                sidecar = summaries_path(self.story, self.summaries)
+                held = Held(vectors_path(story, settings.recall, sidecar), settings.recall.model)
+                story = with_meaning(story, settings.recall, held)
             # One command, one story: what is read now lives to the end, so no full collection
             # need scan it again (a 100k-row chat cost about a second of them).
             gc.freeze()
@@ -210,6 +224,8 @@ class Request:
             built = pipeline.build(story)
         for note in story.notes:
             terminal().say(f"ctx: {note}")
+        if story.meaning is not None and story.meaning.failed:
+            terminal().say(f"ctx: recall by keywords alone: {story.meaning.failed}")
         for note in built.lore.notes:
             terminal().say(f"ctx: lore: {note}")
         for note in built.notes:

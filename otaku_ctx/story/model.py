@@ -12,6 +12,8 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Literal
 
+from .meaning import Meaning
+
 Role = Literal["user", "assistant", "system"]
 ROLES: tuple[str, ...] = ("user", "assistant", "system")
 
@@ -239,6 +241,9 @@ class Story:
     notes: tuple[str, ...] = ()  # what the reader chose that the user should hear of (stderr)
     hidden: int = 0  # source rows that never reach the prompt (e.g. SillyTavern hidden messages)
     source_format: str = "native"
+    # what an embedding model says of its texts at its newest turn (recall by meaning), when
+    # `[recall]` names one: the caller's, like `scenes` (`vectors.py`); never part of its identity
+    meaning: Meaning | None = field(default=None, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.messages)
