@@ -7,11 +7,16 @@ and dinner a meal; the real embedding model is tests/realserver's."""
 from __future__ import annotations
 
 import json
+import logging
+import os
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+import test_serve
 from embedder import Embedder, vector_of
 from test_recall import settings, story
 
@@ -19,9 +24,11 @@ from otaku_ctx.assemble import Part
 from otaku_ctx.assemble.meaning import MOST_MEANT, diverse, fused, meant, within_budgets
 from otaku_ctx.backend import Backend, BadReply
 from otaku_ctx.build import Pipeline
-from otaku_ctx.config import RecallSettings
+from otaku_ctx.config import RecallSettings, Settings
 from otaku_ctx.embed import Held, meaning_for, texts_of, with_meaning, write_vectors
 from otaku_ctx.report import describe
+from otaku_ctx.serve.http import Service
+from otaku_ctx.serve.listen import Running
 from otaku_ctx.story.meaning import Meaning, key_of, quantized, similarity
 from otaku_ctx.story.model import Message, Scene
 from otaku_ctx.story.vectors import Vectors, VectorsError, append_vectors, vectors_for
@@ -246,3 +253,79 @@ def _config(tmp_path: Path, server: Embedder) -> Path:
     config = tmp_path / "config.toml"
     config.write_text(f'[recall]\nurl = "{server.url}"\nmodel = "stand-in"\n', encoding="utf-8")
     return config
+
+
+# through ctx serve -------------------------------------------------------------------------------
+
+stand_in = test_serve.stand_in  # the stand-in chat backend, as test_serve's tests have it
+
+
+def _serve_settings(backend: str, recall: RecallSettings) -> Settings:
+    return replace(test_serve.settings_for(backend, summarize=True), recall=recall)
+
+
+def _stats(running: Running) -> dict[str, Any]:
+    chat: dict[str, Any] = json.loads(test_serve._get(running, "/ctx/stats"))["chats"][0]
+    return chat
+
+
+def test_serve_writes_the_vectors_in_a_pause_and_then_recalls_by_meaning(
+    stand_in: test_serve.StandIn, embedder: Embedder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A chat's first turns recall by keywords (no vectors yet: said once in the log and in each
+    turn's stats); its summaries' pass writes the vectors the chat lacks in the pause; the turn
+    that asks in other words recalls the answer by meaning, and says so."""
+    stand_in.window = 2048
+    messages = test_serve.chat(200)
+    messages[30]["content"] = FACT
+    running = Running(Service(_serve_settings(stand_in.url, recall_of(embedder))))
+    home = Path(os.environ["OTAKU_HOME"]) / "chats"
+    try:
+        talk = test_serve.client(running)
+        with caplog.at_level(logging.INFO, logger="otaku_ctx.serve"):
+            test_serve.begun(talk, messages[:181], max_tokens=100)
+            for n in (181, 183):
+                talk.chat.completions.create(model="m", messages=messages[:n], max_tokens=100)
+            deadline = time.monotonic() + 60  # a hang guard
+            while _stats(running)["summaries_writing"] or not list(home.glob("*.ctx-vectors")):
+                assert time.monotonic() < deadline, "no vectors written in the pause"
+                time.sleep(0.05)
+            asked = [*messages[:200], {"role": "user", "name": "Mara", "content": ASKED}]
+            talk.chat.completions.create(model="m", messages=asked, max_tokens=100)
+        sent = stand_in.bodies[-1]["messages"]
+        assert any(m["content"].startswith("[Earlier, message 30 · Mara]") and FACT in m["content"] for m in sent)
+        turns = _stats(running)["turns"]
+    finally:
+        running.stop()
+    assert turns[0]["recall_engine"] == "keywords" and "no vectors written yet" in turns[0]["recall_why"]
+    assert turns[-1]["recall_engine"] == "meaning" and turns[-1]["recall_why"] == ""
+    assert "message 30" in turns[-1]["recalled"]
+    said = [r.getMessage() for r in caplog.records if "recall by keywords alone" in r.getMessage()]
+    assert len(said) == 1 and "no vectors written yet" in said[0]
+    embedded = [r.getMessage() for r in caplog.records if "embedded for recall by meaning" in r.getMessage()]
+    assert embedded and any("recalled by meaning message 30" in r.getMessage() for r in caplog.records)
+
+
+def test_serve_with_its_embeddings_server_down_answers_every_turn_by_keywords(
+    stand_in: test_serve.StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Never neither: the embeddings server refuses every connection; each turn is answered, by
+    the keyword engine, the reason said once in the log and in each turn's stats."""
+    down = Embedder()
+    url = down.url
+    down.server_close()  # nothing listens there now
+    stand_in.window = 2048
+    messages = test_serve.chat(200)
+    running = Running(Service(_serve_settings(stand_in.url, RecallSettings(url=url, model="m", timeout=1.0))))
+    try:
+        talk = test_serve.client(running)
+        with caplog.at_level(logging.INFO, logger="otaku_ctx.serve"):
+            test_serve.begun(talk, messages[:181], max_tokens=100)
+            for n in (181, 183, 185):
+                talk.chat.completions.create(model="m", messages=messages[:n], max_tokens=100)
+        turns = _stats(running)["turns"]
+    finally:
+        running.stop()
+    assert len(turns) == 4 and all(t["recall_engine"] == "keywords" for t in turns)
+    said = [r.getMessage() for r in caplog.records if "recall by keywords alone" in r.getMessage()]
+    assert len(said) == 1

@@ -87,15 +87,18 @@ def refusal(session: Session | None, assembled: Assembled) -> DoesNotFit:
 def record(session: Session | None, assembled: Assembled, usage: Usage, seconds: float, cancelled: bool) -> None:
     """A turn's end: kept in its chat's stats, and its one log line."""
     a = assembled.built.assembly
+    step = next((s for s in reversed(a.steps) if isinstance(s, Recalled)), None)
+    engine, why = (step.engine, step.why) if step is not None else ("", "")
     turn = Turn(assembled.held, a.case, a.tokens, a.limit, usage.prompt_tokens, usage.cached, round(seconds, 4),
-                cancelled, recalled_of(a), assembled.sent)  # fmt: skip
+                cancelled, recalled_of(a), assembled.sent, engine, why)  # fmt: skip
     cached = f"{turn.cached:,} cached" if turn.cached is not None else "cache not reported"
     stopped = " · stopped by the client" if cancelled else ""
     if session is None:
         log.info("a one-message probe · %s tokens sent · %s%s", f"{a.tokens:,}", cached, stopped, extra=EVERY)
         return
     number = session.stats.add(turn)
-    recalled = f" · recalled {', '.join(turn.recalled)}" if turn.recalled else ""
+    by = " by meaning" if turn.recall_engine == "meaning" else ""
+    recalled = f" · recalled{by} {', '.join(turn.recalled)}" if turn.recalled else ""
     log.info(
         "chat %s · turn %d · %s messages, %s sent · case %d · %s tokens sent (limit %s) · %s · ctx %.3f s%s%s",
         session.key[:12], number, f"{turn.messages:,}", f"{turn.messages_sent:,}", a.case, f"{a.tokens:,}",

@@ -8,6 +8,7 @@ A session is made of:
 - `SidecarState`, which summaries file it reads and what was last worked out from it: its own
   lock (a turn writes it; the summarizer reads the chat's records through it);
 - `SummaryState`, where its summaries stand: its own lock (the summarizer and the turns);
+- `MeaningState`, its vectors file for recall by meaning: its own lock;
 - `Turns`, what each turn sent and the backend reused: its own lock (the event loop appends,
   `/ctx/stats` reads).
 
@@ -228,6 +229,31 @@ class Turns:
         return bool(self._turns)
 
 
+class MeaningState:
+    """What recall by meaning holds of a chat: its vectors file, held open and read again when it
+    grows (`embed.Held`), and the kinds of reason the keyword engine ran in its place that were
+    said already (each once a chat). Lock: its own (the turns hold `Session.lock` too)."""
+
+    def __init__(self) -> None:
+        self.held: Any = None  # the `embed.Held` of its vectors file
+        self.said: set[str] = set()
+        self.lock = threading.Lock()
+
+    def holding(self, make: Any, path: Any) -> Any:
+        """Its vectors file held (`make(path)` the first time, and when the file is another)."""
+        with self.lock:
+            if self.held is None or self.held.path != path:
+                self.held = make(path)
+            return self.held
+
+    def say(self, kind: str) -> bool:
+        """Whether a reason of this kind is new for the chat (then it is said)."""
+        with self.lock:
+            new = kind not in self.said
+            self.said.add(kind)
+            return new
+
+
 @dataclass(eq=False)
 class Session:
     """One chat (or one-shot: `sessions`), as serve knows it across its turns. Lock: `Sessions.lock`,
@@ -245,6 +271,7 @@ class Session:
     turn: TurnState = field(default_factory=TurnState)
     sidecar: SidecarState = field(default_factory=SidecarState)
     summaries: SummaryState = field(default_factory=SummaryState)
+    meaning: MeaningState = field(default_factory=MeaningState)
     stats: Turns = field(default_factory=Turns)
 
     @property

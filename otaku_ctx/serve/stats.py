@@ -82,6 +82,8 @@ class Turn:
     cancelled: bool = False  # the client went away (SillyTavern's Stop) before the reply ended
     recalled: tuple[str, ...] = ()  # what the newest messages recalled: "message 38", "scene 9"
     messages_sent: int = 0  # of `messages`, those the prompt holds as written (head and tail)
+    recall_engine: str = ""  # which recalled: "keywords" or "meaning" ("" none: nothing left out, or off)
+    recall_why: str = ""  # why keywords, where [recall] names an embedding model
 
     @property
     def reprocessed(self) -> int | None:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..backend import Backend, BackendError
-from ..config import Settings, SummarizeSettings
+from ..config import RecallSettings, Settings, SummarizeSettings
 from ..errors import OtakuError
 from ..story.model import Story
 from ..story.sidecar import Record
@@ -27,6 +27,7 @@ from ..summarize import Plan, Progress, Prompts, plan_for, prompts_of, run
 from ..summarize.commits import Commits
 from ..tokens import TokenCounter
 from .gate import Gate, GatedBackend, Stopped
+from .recalling import write_vectors_of
 from .session import Session
 from .store import Store
 
@@ -79,6 +80,7 @@ class Summarizer:
         self.store, self.gate, self.counting = store, gate, counting
         self.backend: GatedBackend | None = None
         self.settings: SummarizeSettings | None = None
+        self.recall = RecallSettings()  # recall by meaning's: its vectors are written after the summaries
         self.queue: list[Session] = []  # the sessions that want summaries; the newest wish is served first
         self._lock = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="ctx-serve-summaries", daemon=True)
@@ -89,6 +91,7 @@ class Summarizer:
         with self._lock:
             self.settings = replace(settings.summarize, url=backend.url, model=backend.model, jobs=1)
             self.backend = GatedBackend(backend, self.gate)
+            self.recall = settings.recall
 
     def start(self) -> None:
         self._thread.start()
@@ -125,6 +128,10 @@ class Summarizer:
                 continue
             try:
                 self._summarize(session, work)
+                if self.recall.on:
+                    records = self.store.records_of(session, work.story)[0]
+                    summaries = [r.summary for r in records]
+                    write_vectors_of(session, work.story, summaries, self.recall, self.store, self.gate)
             except Stopped:
                 return
             except Exception as error:  # noqa: BLE001 - a bug here must not end the server

@@ -16,6 +16,7 @@ from ..model.server import ServerCounter
 from ..story.model import Story
 from .assemble import Assembled, assemble_chat, forget_pipelines
 from .chats import FramePart, chat_story, framed
+from .recalling import meant
 from .record import say_shape, say_trimmed
 from .request import Request
 from .session import Session, TurnState
@@ -49,6 +50,7 @@ def assemble_turn(
         story = chat_story(request.body, state.story, sent_before=state.sent)
         state.read(request.body["messages"], story)
         told = store.story(session, story, hold=session.summaries.writing, window=window)
+        told = meant(session, told, setup.settings.recall, store)
         serve = setup.settings.serve
         for keep in (serve.frame_sticky, 0) if serve.frame_sticky else (0,):  # what stopped being sent goes first
             placed = placed_frame(state, told, request.frame, serve, keep, store.cutting.settle)
