@@ -31,6 +31,15 @@ and had ≥ 90 % of it cached. At 8k with a short frame and at 4k behind a 1,500
 (2026-12-06): 19 and 13 of 24 (drop-oldest 1 and 0), a story so far in 100 of 100 turns at
 both, ≥ 90 % cached on 96 % and 92 % of turns. With recall off it was 7 of 24 at 8k.
 
+`--serve --meaning` (issue 46) asks them at 8k twice through serve: the keyword engine alone,
+and recall by meaning fused with it — the real embedding model (tests/realserver/setup.sh's
+all-MiniLM-L6-v2 on `llama-server --embeddings`), the chat's messages embedded once its first
+turn named its vectors file (`ctx embed`'s work; with summaries off serve writes none). It
+counts by kind: the *paraphrased* questions (sharing no content word with the message that
+holds the answer: 6 of 24) and the others. Figures (2026-12-07): keywords alone 1/6 paraphrased
+(17 %), 18/18 others; by meaning 3/6 (50 %), 18/18 others; 19 and 21 of 24 in all (drop-oldest
+1); ≥ 90 % cached on 96 % of turns both. About 80 s.
+
 Half the questions use the fact's own words ("Which sister of yours moved to Tallinn?"), half
 other words ("Who was it in your family that went off to Estonia?"), and the small talk says the
 facts' words of other things ("I should call my sister this week."). Figures (2026-12-06,
@@ -54,11 +63,13 @@ Deterministic: the same table every run, whatever the machine.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
 import sys
 import tempfile
+import urllib.request
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -71,7 +82,7 @@ from serve_bench import ENCODING, Slot, _post, prompt_tokens
 from serve_bench import drop_oldest as newest_messages
 
 from otaku_ctx.build import Pipeline
-from otaku_ctx.config import ContextSettings, ModelSettings, Settings
+from otaku_ctx.config import ContextSettings, ModelSettings, RecallSettings, Settings
 from otaku_ctx.replay import story_at
 from otaku_ctx.story.model import Message, Scene, Story
 from otaku_ctx.summarize.extract import history_extract, summary_extract
@@ -455,13 +466,25 @@ def frame(tokens: int) -> str:
     return text
 
 
-def served(window: int, frame_tokens: int = 0, share: float | None = None) -> dict[str, Any]:
+def paraphrased(fact: Fact) -> bool:
+    """Whether the question shares no content word with the message that holds the fact (what
+    keywords cannot find: `assemble.recall.words_of`)."""
+    from otaku_ctx.assemble.recall import words_of
+
+    return not (words_of(fact.question) & words_of(fact.said))
+
+
+def served(
+    window: int, frame_tokens: int = 0, share: float | None = None, meaning: tuple[str, str] | None = None
+) -> dict[str, Any]:
     """The story's chat sent through `ctx serve` (its defaults; `share`: `[context] recall` set)
     to a stand-in backend of `window` tokens, as a frontend sends it: every user turn from
     message `SERVED_FROM`, the whole chat each time, no summaries but serve's own extracts. For
     each question, whether its answer is in the prompt forwarded at the turn it is asked, and in
     the newest messages that fit the same tokens (drop-oldest); for every turn, whether it holds
-    a story so far."""
+    a story so far. `meaning`: (the embeddings server's URL, its model) for `[recall]`, the chat's
+    messages embedded after its first turn into the vectors file serve reads (as `ctx embed`
+    writes one ahead of time; with summaries off, serve writes none itself)."""
     home = tempfile.mkdtemp(prefix="recall-bench-")
     os.environ["OTAKU_HOME"] = home
     from otaku_ctx.config import ContextSettings, ServeSettings
@@ -478,30 +501,60 @@ def served(window: int, frame_tokens: int = 0, share: float | None = None) -> di
     context = ContextSettings() if share is None else ContextSettings(recall=share)
     sources = {} if share is None else {"context.recall": "config"}
     settings = Settings(context=context, serve=ServeSettings(backend=backend.url, port=0, summarize=False))
-    running = Running(Service(replace(settings, sources=sources)))
-    found = {"ctx serve": 0, "drop-oldest": 0}
-    told = turns = 0
+    if meaning is not None:
+        settings = replace(settings, recall=RecallSettings(url=meaning[0], model=meaning[1], timeout=30.0))
+    service = Service(replace(settings, sources=sources))
+    running = Running(service)
+    found = {"ctx serve": 0, "drop-oldest": 0, "paraphrased": 0, "others": 0}
+    told = turns = by_meaning = 0
+    each: dict[str, bool] = {}  # each question: its answer in the prompt at the turn asked
     try:
         for n in range(SERVED_FROM + 1, len(messages) + 1):
             if messages[n - 1]["role"] != "user":
                 continue
             _post(running.url + "/chat/completions", {"model": "bench", "messages": [system, *messages[:n]],
                                                        "max_tokens": RESERVE})  # fmt: skip
+            if meaning is not None and turns == 1:  # the second: the chat is a chat (its first, a one-shot)
+                embedded(service, base, settings.recall)
             sent = backend.sent
             turns += 1
             told += any(m["content"].startswith("[Story so far") for m in sent)
             if n not in questions:
                 continue
             question = base.messages[n - 1].content.removeprefix("Wait, remind me. ")
-            answer = by_question[question].answer
+            fact = by_question[question]
             dropped = newest_messages([system, *messages[:n]], len(prompt_tokens(sent)))
-            found["ctx serve"] += present(answer, "\n".join(m["content"] for m in sent))
-            found["drop-oldest"] += present(answer, "\n".join(m["content"] for m in dropped))
+            there = present(fact.answer, "\n".join(m["content"] for m in sent))
+            found["ctx serve"] += there
+            found["paraphrased" if paraphrased(fact) else "others"] += there
+            each[question] = there
+            found["drop-oldest"] += present(fact.answer, "\n".join(m["content"] for m in dropped))
+        stats = json.loads(urllib.request.urlopen(running.url.removesuffix("/v1") + "/ctx/stats").read())
+        by_meaning = sum(t["recall_engine"] == "meaning" for c in stats["chats"] for t in c["turns"])
     finally:
         running.stop()
         backend.stop()
     cached = sum(share >= 0.9 for share in backend.shares[1:]) / max(1, len(backend.shares) - 1)
-    return {"found": found, "questions": len(questions), "turns": turns, "told": told, "cached": cached}
+    kinds = {"paraphrased": sum(paraphrased(f) for f in facts if f.number and f.question in questions_asked(base))}
+    kinds["others"] = len(questions) - kinds["paraphrased"]
+    return {"found": found, "questions": len(questions), "turns": turns, "told": told, "cached": cached,
+            "kinds": kinds, "by_meaning": by_meaning, "each": each}  # fmt: skip
+
+
+def questions_asked(told: Story) -> set[str]:
+    return {m.content.removeprefix("Wait, remind me. ") for m in told.messages if m.content.startswith("Wait, remind")}
+
+
+def embedded(service: Any, told: Story, recall: RecallSettings) -> None:
+    """The chat's messages embedded into the vectors file serve reads for it (`ctx embed`'s work,
+    done once its first turn named the chat's file)."""
+    from otaku_ctx.embed import WRITE_TIMEOUT, embedder, texts_of, write_vectors
+    from otaku_ctx.story.vectors import vectors_for
+
+    [session] = list(service.sessions)
+    path = vectors_for(service.store.path(session.pool), recall.model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_vectors(texts_of(told), path, embedder(recall, WRITE_TIMEOUT), recall.batch)
 
 
 class Recording(Slot):
@@ -517,12 +570,47 @@ class Recording(Slot):
         return cached, processed
 
 
+def by_meaning() -> None:
+    """The questions through serve at 8k, the keyword engine alone against recall by meaning with
+    the real embedding model (tests/realserver/setup.sh's all-MiniLM-L6-v2 on llama-server
+    `--embeddings`), by kind: the paraphrased questions (no content word shared with the answer's
+    message) and the others."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "realserver"))
+    from server import EMBED_MODEL, free_port, launch, stop
+
+    log = Path(tempfile.mkdtemp(prefix="recall-bench-embed-")) / "llama-server.log"
+    process = launch(log, port := free_port(), context=2048, slots=4, extra=("--embeddings",), gguf="EMBED_GGUF")
+    try:
+        keywords = served(8192)
+        meant = served(8192, meaning=(f"http://127.0.0.1:{port}/v1", EMBED_MODEL))
+    finally:
+        stop(process)
+    kinds = keywords["kinds"]
+    for name, got in (("keywords alone", keywords), ("by meaning and keywords", meant)):
+        f = got["found"]
+        print(
+            f"8,192 window, {name}: paraphrased {f['paraphrased']}/{kinds['paraphrased']}"
+            f" ({f['paraphrased'] / max(1, kinds['paraphrased']):.0%}), others {f['others']}/{kinds['others']},"
+            f" all {f['ctx serve']}/{got['questions']} (drop-oldest {f['drop-oldest']}); turns by meaning"
+            f" {got['by_meaning']}/{got['turns']}; ≥ 90 % cached on {got['cached']:.0%} of turns after the first"
+        )
+    for question, there in meant["each"].items():
+        if there != keywords["each"][question]:
+            print(f"  {'found' if there else 'lost'} by meaning: {question!r}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="one window (with --serve too), every fourth question")
     parser.add_argument("--recall", type=float, default=RECALL, help=f"the share of the limit (default {RECALL})")
     parser.add_argument("--serve", action="store_true", help="through ctx serve with its defaults, turn by turn")
+    parser.add_argument(
+        "--meaning", action="store_true", help="with --serve: keywords against recall by meaning (the real MiniLM)"
+    )
     args = parser.parse_args()
+    if args.serve and args.meaning:
+        by_meaning()
+        return
     if args.serve:
         for window, frame_tokens in ((8192, 0), (4096, 1500))[: 1 if args.smoke else 2]:
             got = served(window, frame_tokens)

@@ -21,7 +21,7 @@ from embedder import Embedder, vector_of
 from test_recall import settings, story
 
 from otaku_ctx.assemble import Part
-from otaku_ctx.assemble.meaning import MOST_MEANT, diverse, fused, meant, within_budgets
+from otaku_ctx.assemble.meaning import MOST_MEANT, diverse, fused, led, meant, within_budgets
 from otaku_ctx.backend import Backend, BadReply
 from otaku_ctx.build import Pipeline
 from otaku_ctx.config import RecallSettings, Settings
@@ -130,9 +130,21 @@ def _messages(n: int) -> list[Part]:
 def test_reciprocal_rank_fusion_puts_first_what_both_rankings_rank_high() -> None:
     a, b, c, d = _messages(4)
     order = fused([[a, b, c], [b, d, c], [b, d]], k=60)
+    assert [p.message.number for p, _ in fused([[a], [c], [b, a]], [1, 1, 2])] == [1, 2, 3]  # type: ignore[union-attr]
     scores = dict((p.message.number, s) for p, s in order)  # type: ignore[union-attr]
     assert [p.message.number for p, _ in order] == [2, 4, 3, 1]  # type: ignore[union-attr]
     assert scores[2] == pytest.approx(1 / 62 + 1 / 61 + 1 / 61) and scores[1] == pytest.approx(1 / 61)
+
+
+def test_each_engine_s_surest_leads_what_the_rankings_agree_on() -> None:
+    """A candidate middling in every ranking outscores one first in one ranking alone; the
+    keyword engine's best (an exact fact) and the question's nearest still come first."""
+    parts = _messages(5)
+    a, b, c, d, e = parts
+    order = fused([[b, e, a], [e, b], [c, e, d]], [1, 1, 1])
+    assert order[0][0] is e  # second, second, first... agreed on by all
+    assert [p for p, _ in led(order, [b, c])][:3] == [b, c, e]
+    assert [p for p, _ in led(order, [b, b])][:2] == [b, e]  # one leader twice is once
 
 
 def test_mmr_spreads_near_copies_of_one_scene() -> None:

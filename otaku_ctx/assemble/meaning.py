@@ -9,7 +9,8 @@ Fusion, Maximal Marginal Relevance re-ranking, per-content-type token budgets". 
 - `fused`: Reciprocal Rank Fusion of the two passes with the keyword engine's ranking, the
   best `PASS_TOP` of each: a candidate near in meaning *and* sharing a rare word comes first,
   and an exact fact the embedding misses still comes (the hybrid RisuAI's maintainers were
-  offered for that reason);
+  offered for that reason); `led`: each engine's surest (the question's nearest, the keyword
+  engine's best) first, since a consensus of middling ranks otherwise outranks both;
 - `diverse`: Maximal Marginal Relevance, so three near-copies of one scene do not fill the
   block;
 - `within_budgets`: filled by kind, each within its share of the recall budget (`SHARES`), what
@@ -33,8 +34,13 @@ MOST_MEANT = 2048
 NEAREST_SCENES = 16
 #: each ranking's best that go into the fusion
 PASS_TOP = 50
-#: Reciprocal Rank Fusion's constant (its paper's 60: a rank's weight falls slowly)
+#: Reciprocal Rank Fusion's constant (its paper's 60: a rank's weight falls slowly), and the
+#: weights of the rankings fused: the question's pass 1, the recent window's ½ (it speaks of the
+#: scene, not of what is asked: at 1 it pulled the small talk of the recall benchmark's newest
+#: messages ahead of the answers, 1 paraphrased question of 6 found against 3 at ½), the keyword
+#: engine's 1 (docs/decisions.md, "Recall by meaning")
 RRF_K = 60
+WEIGHTS = (1.0, 0.5, 1.0)
 #: Maximal Marginal Relevance: relevance's weight against likeness to what is chosen already,
 #: over the fused ranking's best `MMR_TOP` (the block holds a few; the rest follow in order)
 MMR_LAMBDA = 0.7
@@ -105,17 +111,28 @@ def by_meaning(candidates: Sequence[Meant], query: str) -> list[Meant]:
     return sorted(candidates, key=lambda m: (-getattr(m, query), _at(m.part)))
 
 
-def fused(rankings: Sequence[Sequence[Part]], k: int = RRF_K) -> list[tuple[Part, float]]:
-    """Reciprocal Rank Fusion: each part scores 1 / (k + its rank) in every ranking it is among
-    the `PASS_TOP` best of, summed; best first (ties: the earlier in the story)."""
+def fused(
+    rankings: Sequence[Sequence[Part]], weights: Sequence[float] | None = None, k: int = RRF_K
+) -> list[tuple[Part, float]]:
+    """Reciprocal Rank Fusion: each part scores weight / (k + its rank) in every ranking it is
+    among the `PASS_TOP` best of, summed; best first (ties: the earlier in the story)."""
     scores: dict[int, float] = {}
     parts: dict[int, Part] = {}
-    for ranking in rankings:
+    for ranking, weight in zip(rankings, weights or [1.0] * len(rankings), strict=True):
         for rank, part in enumerate(ranking[:PASS_TOP], 1):
             key = identity(part)
-            scores[key] = scores.get(key, 0.0) + 1.0 / (k + rank)
+            scores[key] = scores.get(key, 0.0) + weight / (k + rank)
             parts[key] = part
     return sorted(((parts[key], score) for key, score in scores.items()), key=lambda p: (-p[1], _at(p[0])))
+
+
+def led(ranked: Sequence[tuple[Part, float]], leaders: Sequence[Part]) -> list[tuple[Part, float]]:
+    """`ranked` with `leaders` first, in their order (each engine's own best: a consensus of the
+    rankings never pushes out the one candidate an engine is surest of), the rest as ranked."""
+    firsts = list(dict.fromkeys(identity(p) for p in leaders))
+    by_key = {identity(p): (p, score) for p, score in ranked}
+    head = [by_key[key] for key in firsts if key in by_key]
+    return head + [(p, score) for p, score in ranked if identity(p) not in firsts]
 
 
 def identity(part: Part) -> int:

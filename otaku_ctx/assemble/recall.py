@@ -43,7 +43,7 @@ from functools import lru_cache
 from ..story.meaning import Meaning
 from ..story.model import Message, Scene, Story
 from ..story.words import STOPWORDS, WORD
-from .meaning import by_meaning, diverse, fused, identity, meant, within_budgets
+from .meaning import WEIGHTS, by_meaning, diverse, fused, identity, led, meant, within_budgets
 from .parts import Assembly, Part, Pricer, SceneRef
 from .steps import Recalled
 
@@ -339,7 +339,9 @@ def _by_meaning(
     nearest = {identity(m.part): max(m.question, m.recent) for m in found}
     passes = [[m.part for m in by_meaning(found, q)] for q in ("question", "recent")]
     keyword = {identity(r.part): r for r in ranked}
-    order = within_budgets(diverse(fused([*passes, [r.part for r in ranked]]), vectors), budget, pricer)
+    rankings = [*passes, [r.part for r in ranked]]
+    leaders = [ranking[0] for ranking in (passes[0], rankings[-1]) if ranking]
+    order = within_budgets(led(diverse(fused(rankings, WEIGHTS), vectors), leaders), budget, pricer)
     chosen = []
     for part, score in order:
         words = keyword[identity(part)].words if identity(part) in keyword else ()

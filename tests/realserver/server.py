@@ -24,13 +24,14 @@ class ServerProblem(Exception):
     """The server cannot be found, started or waited for."""
 
 
-def built() -> tuple[str, str]:
-    """(llama-server, the GGUF), as setup.sh --check finds them."""
+def built(gguf: str = "SMOLLM2_GGUF") -> tuple[str, str]:
+    """(llama-server, the GGUF `gguf` names: SmolLM2's, or `EMBED_GGUF`, the embedding model), as
+    setup.sh --check finds them."""
     found = subprocess.run(["sh", str(SETUP), "--check"], capture_output=True, text=True, timeout=300)
     if found.returncode:
         raise ServerProblem(f"{found.stderr.strip()} (tests/realserver/setup.sh builds it)")
     paths = dict(line.split("=", 1) for line in found.stdout.splitlines() if "=" in line)
-    return paths["LLAMA_SERVER"], paths["SMOLLM2_GGUF"]
+    return paths["LLAMA_SERVER"], paths[gguf]
 
 
 def free_port() -> int:
@@ -50,11 +51,22 @@ def healthy(port: int) -> bool:
         connection.close()
 
 
+#: the embedding model as llama-server lists it (`EMBED_GGUF`'s file name without the extension)
+EMBED_MODEL = "all-MiniLM-L6-v2.f16"
+
+
 def launch(
-    log: Path, port: int, *, context: int = CONTEXT, slots: int = SLOTS, extra: tuple[str, ...] = ()
+    log: Path,
+    port: int,
+    *,
+    context: int = CONTEXT,
+    slots: int = SLOTS,
+    extra: tuple[str, ...] = (),
+    gguf: str = "SMOLLM2_GGUF",
 ) -> subprocess.Popen[bytes]:
-    """llama-server on 127.0.0.1:`port`, its output appended to `log`, once `/health` says ready."""
-    server, model = built()
+    """llama-server on 127.0.0.1:`port`, its output appended to `log`, once `/health` says ready;
+    `gguf="EMBED_GGUF"` with `extra=("--embeddings",)` serves the embedding model."""
+    server, model = built(gguf)
     command = [server, "-m", model, "--host", "127.0.0.1", "--port", str(port)]
     command += ["-t", "1", "-c", str(context), "-np", str(slots), "--no-webui", *extra]
     with log.open("ab") as sink:
