@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import pytest
 from server import (  # noqa: F401 - the tests import these from here
     CONTEXT,
+    EMBED_MODEL,
     MODEL,
     SETUP,
     SLOTS,
@@ -40,7 +41,7 @@ from server import (  # noqa: F401 - the tests import these from here
 )
 
 from otaku_ctx.backend import Backend, Retry
-from otaku_ctx.config import ServeSettings, Settings, SummarizeSettings
+from otaku_ctx.config import RecallSettings, ServeSettings, Settings, SummarizeSettings
 from otaku_ctx.serve.http import Service
 from otaku_ctx.serve.listen import Running
 
@@ -108,18 +109,19 @@ def forwarded(service: Service) -> list[dict[str, Any]]:
 
 @contextmanager
 def frontend_session(
-    folder: Path, window: int, summarize: SummarizeSettings | None = None
+    folder: Path, window: int, summarize: SummarizeSettings | None = None, recall: RecallSettings | None = None
 ) -> Iterator[tuple[Running, list[dict[str, Any]]]]:
     """A frontend's session as a user runs it: llama-server with two slots of `window` each, serve
     in front of it with the defaults (summaries in the test's otaku home); the bodies serve
     forwarded, recorded. `/ctx/stats` and those bodies are written to `folder` at the end (to
     study a run offline: `--basetemp` keeps them). `summarize`: its `[summarize]`, else the
-    defaults."""
+    defaults; `recall`: its `[recall]` (recall by meaning), else none."""
     process = launch(folder / "llama-server.log", free_port(), context=2 * window, slots=2)
     try:
         port = process.args[process.args.index("--port") + 1]  # type: ignore[union-attr]
         serve = ServeSettings(backend=f"http://127.0.0.1:{port}/v1", port=0)
-        service = Service(Settings(serve=serve, summarize=summarize or SummarizeSettings()))
+        settings = Settings(serve=serve, summarize=summarize or SummarizeSettings(), recall=recall or RecallSettings())
+        service = Service(settings)
         sent = forwarded(service)
         running = Running(service)
         try:
@@ -134,6 +136,19 @@ def frontend_session(
             finally:
                 running.stop()
                 (folder / "sent.json").write_text(json.dumps(sent))
+    finally:
+        stop(process)
+
+
+@pytest.fixture(scope="session")
+def embedding_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
+    """llama-server serving the embedding model (setup.sh's all-MiniLM-L6-v2) through
+    `/v1/embeddings`, once a session."""
+    log = tmp_path_factory.mktemp("embedding-server") / "server.log"
+    port = free_port()
+    process = launch(log, port, context=2048, slots=4, extra=("--embeddings",), gguf="EMBED_GGUF")
+    try:
+        yield RealServer(f"http://127.0.0.1:{port}/v1", log)
     finally:
         stop(process)
 

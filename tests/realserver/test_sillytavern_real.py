@@ -29,8 +29,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import frontend_session  # tests/realserver/conftest.py
+from conftest import EMBED_MODEL, frontend_session  # tests/realserver/conftest.py
 
+from otaku_ctx.config import RecallSettings
 from otaku_ctx.serve.listen import Running
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sillytavern-requests" / "seraphina-long-chat.jsonl"
@@ -43,20 +44,31 @@ def requests() -> list[dict[str, Any]]:
     return [json.loads(line) for line in FIXTURE.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-@pytest.fixture(params=[4096, 2048], ids=["c4096", "c2048"])
+@pytest.fixture(params=[4096, 2048, "meaning"], ids=["c4096", "c2048", "c4096-meaning"])
 def played(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[int, Running, list[dict[str, Any]]]]:
     """llama-server at the window asked for, two slots of it; serve in front of it with the defaults
-    (its summaries in the test's otaku home); the bodies serve forwarded, recorded."""
-    with frontend_session(tmp_path, request.param) as (running, sent):
-        yield request.param, running, sent
+    (its summaries in the test's otaku home); the bodies serve forwarded, recorded. "meaning": at
+    4,096 with recall by meaning on (issue 46), the real embedding model asked each turn, and the
+    chat's vectors written once its second request named its file (`ctx embed`'s work: the replay
+    leaves serve no pause to write them in)."""
+    recall = None
+    if request.param == "meaning":
+        embedder = request.getfixturevalue("embedding_server")
+        recall = RecallSettings(url=embedder.url, model=EMBED_MODEL, timeout=30.0)
+    context = 4096 if request.param == "meaning" else request.param
+    with frontend_session(tmp_path, context, recall=recall) as (running, sent):
+        yield context, running, sent
 
 
 def test_sillytavern_plays_through_serve(played: tuple[int, Running, list[dict[str, Any]]]) -> None:
     context, running, sent = played
+    recall = running.service.settings.recall
     replies: dict[int, str] = {}
     for each in requests():
         turn, body, headers = each["turn"], each["body"], each["headers"]
         before = len(sent)
+        if recall.on and turn == 3:  # the chat is a chat since its second request: its vectors written
+            embed_chat(running, requests()[-1]["body"]["messages"], recall)
         status, text = _post(running, body, headers, stop_after=UPDATES_BEFORE_STOP if turn == STOPPED else None)
         assert status == 200, f"request {turn}: {status} {text[:300]}"
         assert text.strip(), f"request {turn}: no reply"
@@ -93,6 +105,10 @@ def test_sillytavern_plays_through_serve(played: tuple[int, Running, list[dict[s
         assert none_kept == ("all turned down" in chat["summaries_failed"]), chat["summaries_failed"]
     for t in turns:  # ctx's count is the server's own, the model's chat template included
         assert t["prompt_tokens"] is None or t["sent"] == t["prompt_tokens"] <= t["limit"], t
+    if recall.on:  # recall by meaning ran on the turns after the vectors were written
+        engines = [t["recall_engine"] for t in turns]
+        print(f"recall engines: {engines}; why keywords: {[t['recall_why'] for t in turns]}")
+        assert engines.count("meaning") >= 10, engines
     if context != 4096:
         return
     played_turns = [t for t in turns]  # request 16 is the probe: turns are requests 1-15 and 17
@@ -111,6 +127,18 @@ def test_sillytavern_plays_through_serve(played: tuple[int, Running, list[dict[s
     table = [(n, t["case"], t["sent"], t["prompt_tokens"], t["cached"], t["cancelled"]) for n, t in measured]
     print(f"(request, case, sent, prompt, cached, cancelled): {table}")
     assert len(held) >= 0.8 * len(measured), f"{len(held)} of {len(measured)} requests ≥ 90 % cached: {table}"
+
+
+def embed_chat(running: Running, messages: list[dict[str, Any]], recall: RecallSettings) -> None:
+    """The chat's messages embedded into the vectors file serve reads for it."""
+    from otaku_ctx.embed import WRITE_TIMEOUT, embedder, write_vectors
+    from otaku_ctx.story.vectors import vectors_for
+
+    [session] = list(running.service.sessions)
+    path = vectors_for(running.service.store.path(session.pool), recall.model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    texts = list(dict.fromkeys(m["content"] for m in messages if m["role"] != "system" and m["content"].strip()))
+    write_vectors(texts, path, embedder(recall, WRITE_TIMEOUT), recall.batch)
 
 
 def _post(
