@@ -24,7 +24,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..story.meaning import Meaning, Vector, similarity, square
+from ..story.meaning import Meaning, Queries, Vector, similarity
 from ..story.model import Message, Scene
 from .parts import Part, Pricer
 
@@ -76,15 +76,17 @@ def meant(scenes: Sequence[Scene], messages: Sequence[Message], meaning: Meaning
     entries), then the messages (cards are never candidates) — all of them while they are
     `MOST_MEANT` with the scenes; past it, those of the `NEAREST_SCENES` nearest the queries,
     then the newest, to `MOST_MEANT`."""
-    queries = [(v, square(v) if v is not None else 0) for v in (meaning.question, meaning.recent)]
+    queries = Queries(meaning.question, meaning.recent)
+    memo = meaning.scored
 
     def scored(part: Part) -> Meant | None:
-        vector = meaning.vector_of(text_of(part))
-        if vector is None:
-            return None
-        own = square(vector)
-        q, r = (similarity(v, vector, (n, own)) if v is not None else 0.0 for v, n in queries)
-        return Meant(part, vector, q, r)
+        text = text_of(part)
+        if text not in memo:
+            vector = meaning.vector_of(text)
+            fits = vector is not None and len(vector) == len(queries.both)
+            memo[text] = (vector, *queries.similarities(vector)) if vector is not None and fits else None
+        found = memo[text]
+        return Meant(part, *found) if found is not None else None
 
     found = [m for m in (scored(Part("recall", scene=s)) for s in scenes[:MOST_MEANT]) if m is not None]
     room = max(0, MOST_MEANT - len(found))

@@ -19,7 +19,6 @@ import hashlib
 import json
 import mmap
 import os
-from array import array
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -31,6 +30,8 @@ VECTORS = ".ctx-vectors"
 FORMAT = 1
 #: the first line's bound: it names a model and a number
 MOST_HEADER = 4096
+#: the vectors a reader holds once read (4,096 of 384 numbers: about 3 MB)
+MOST_HELD = 4096
 
 
 def vectors_for(sidecar: Path, model: str) -> Path:
@@ -53,6 +54,7 @@ class Vectors:
         self.dimensions = dimensions
         self._map: mmap.mmap | None = None
         self._at: dict[bytes, int] = {}  # a key's vector's offset
+        self._held: dict[bytes, Vector] = {}  # the vectors read, the oldest first
         self.start = 0  # where the first record begins
         try:
             with open(path, "rb") as file:
@@ -98,10 +100,18 @@ class Vectors:
         return key in self._at
 
     def get(self, key: bytes) -> Vector | None:
+        """The vector of a text's key, read once (`MOST_HELD` are held: a turn's candidates are
+        mostly the last turn's)."""
+        found = self._held.get(key)
+        if found is not None:
+            return found
         at = self._at.get(key)
         if at is None or self._map is None or self.dimensions is None:
             return None
-        return array("b", self._map[at : at + self.dimensions])
+        found = self._held[key] = Vector(self._map[at : at + self.dimensions])
+        if len(self._held) > MOST_HELD:
+            del self._held[next(iter(self._held))]
+        return found
 
     def close(self) -> None:
         if self._map is not None:
