@@ -48,6 +48,7 @@ step "$PYTHON" benchmarks/replay.py --smoke
 step "$PYTHON" benchmarks/cache_bound.py --smoke
 step "$PYTHON" benchmarks/recall_bench.py --smoke
 step "$PYTHON" benchmarks/recall_bench.py --serve --smoke
+step "$PYTHON" benchmarks/meaning_cost.py --smoke
 step "$PYTHON" benchmarks/model_tokenizers.py --smoke
 step "$PYTHON" benchmarks/hostile_bounds.py --smoke
 step "$PYTHON" benchmarks/hostile_text.py --smoke
@@ -60,6 +61,7 @@ gguf="$(echo "$paths" | sed -n 's/^SMOLLM2_GGUF=//p')"
 step "$PYTHON" benchmarks/model_tokenizers.py --smoke --gguf "$gguf"
 step "$PYTHON" benchmarks/summarize_bench.py --smoke
 step "$PYTHON" benchmarks/ttft_bench.py --smoke
+step "$PYTHON" benchmarks/recall_bench.py --serve --meaning
 
 step "$PYTHON" benchmarks/serve_bench.py --smoke
 echo "== smoke: every benchmark ran"
