@@ -341,3 +341,64 @@ def test_serve_with_its_embeddings_server_down_answers_every_turn_by_keywords(
     assert len(turns) == 4 and all(t["recall_engine"] == "keywords" for t in turns)
     said = [r.getMessage() for r in caplog.records if "recall by keywords alone" in r.getMessage()]
     assert len(said) == 1
+
+
+@pytest.mark.deep  # 40 MB written and read under tracemalloc: in .ci/run's second step
+def test_a_vectors_file_of_100_000_texts_is_read_holding_its_keys_not_its_vectors(tmp_path: Path) -> None:
+    """40 MB of vectors (100,000 texts of 384 numbers): opening the file holds its keys (about
+    100 bytes a text), and a vector is read when asked for."""
+    import tracemalloc
+
+    path = tmp_path / "v.ctx-vectors"
+    header = json.dumps({"ctx-vectors": 1, "model": "m", "dimensions": 384}).encode() + b"\n"
+    with open(path, "wb") as file:
+        file.write(header)
+        for n in range(100_000):
+            file.write(key_of(f"text {n}") + bytes([n % 251]) * 384)
+    assert path.stat().st_size > 40_000_000
+    tracemalloc.start()
+    try:
+        with Vectors(path, "m") as vectors:
+            held = tracemalloc.get_traced_memory()[1]
+            assert len(vectors) == 100_000 and vectors.get(key_of("text 99999")) is not None
+    finally:
+        tracemalloc.stop()
+    assert held < 20_000_000, f"{held:,} bytes held to open 40 MB of vectors"
+
+
+def test_a_live_turn_stops_a_vectors_request_which_is_asked_again_in_the_next_pause(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    """serve writes a chat's vectors through the gate: a live request stops the embeddings
+    request on the server, and the batch is asked again when the player pauses; nothing is
+    written twice, and nothing is lost."""
+    import threading
+
+    from otaku_ctx.serve.chats import Chat
+    from otaku_ctx.serve.gate import Gate
+    from otaku_ctx.serve.recalling import write_vectors_of
+    from otaku_ctx.serve.session import Session
+    from otaku_ctx.serve.store import Store
+
+    embedder.mode, embedder.delay = "slow", 1.0
+    gate = Gate(pause=0.05)
+    told = replace(story(n=40), path=tmp_path / "chat.jsonl")
+    session = Session(Chat(key="o123", named=False, pool="o123"))
+    store = Store(tmp_path, None, (20, 20))  # type: ignore[arg-type]  # only its files' paths are asked
+    writer = threading.Thread(
+        target=write_vectors_of, args=(session, told, [], recall_of(embedder, batch=64), store, gate)
+    )
+    writer.start()
+    deadline = time.monotonic() + 10
+    while not embedder.asked:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    with gate.live():  # a frontend's turn arrives while the batch is being embedded
+        time.sleep(0.1)
+    embedder.mode = ""
+    writer.join(20)
+    assert not writer.is_alive() and gate.preempted == 1
+    assert len(embedder.asked) == 2 and embedder.asked[0] == embedder.asked[1]  # the same batch, again
+    [path] = tmp_path.glob("*.ctx-vectors")
+    with Vectors(path, "stand-in") as vectors:
+        assert len(vectors) == len(texts_of(told))
