@@ -92,6 +92,8 @@ def _recalled(step: Recalled) -> str:
         how = f"recall by keywords alone ({step.why})"
     if not step.taken:
         left = f"{step.candidates:,} older messages and summaries left out"
+        if step.engine == "meaning":
+            return f"{how}: none of the {left} fits the {step.budget:,} tokens left for it"
         return f"{how}: none of the {left} shares a rare word with {asked}"
     shown = []
     near = step.near or (None,) * len(step.taken)

@@ -137,30 +137,32 @@ def _locked(path: Path) -> Iterator[None]:
 
 def append_vectors(path: Path, model: str, records: Iterable[tuple[bytes, Vector]]) -> int:
     """Add `records` (a text's key, its quantized vector) to the file, under its lock, the file
-    begun when there is none; a record cut short at its end (a crash) is cut off first, and a
-    key the file holds already is not written again. The records written."""
-    records = list(records)
-    if not records:
+    begun when there is none; a record cut short at its end (a crash) is cut off first. The
+    caller leaves out the keys the file holds (`Vectors`, read once a run): the file is not read
+    again here, so a run of many batches costs what it adds. A key two writers add at once is
+    held twice, which costs its bytes and nothing else (a reader takes the first). The records
+    written."""
+    fresh = dict(records)
+    if not fresh:
         return 0
-    dims = len(records[0][1])
-    if any(len(vector) != dims or len(key) != KEY_BYTES for key, vector in records):
+    dims = len(next(iter(fresh.values())))
+    if any(len(vector) != dims or len(key) != KEY_BYTES for key, vector in fresh.items()):
         raise ValueError("records of one length each")
-    with _locked(path):
-        with Vectors(path, model, dims) as held:
-            have = {key for key, _ in records if key in held}
-            start = held.start
-        with open(path, "ab") as file:
-            size = file.tell()
-            if size == 0:
-                header = {"ctx-vectors": FORMAT, "model": model, "dimensions": dims}
-                file.write(json.dumps(header, ensure_ascii=False).encode("utf-8") + b"\n")
-            else:
-                cut = (size - start) % (KEY_BYTES + dims)
-                if cut:
-                    file.truncate(size - cut)
-                    file.seek(size - cut)
-            fresh = {key: vector for key, vector in records if key not in have}
-            file.write(b"".join(key + vector.tobytes() for key, vector in fresh.items()))
-            file.flush()
-            os.fsync(file.fileno())
+    with _locked(path), open(path, "ab") as file:
+        size = file.tell()
+        if size == 0:
+            header = {"ctx-vectors": FORMAT, "model": model, "dimensions": dims}
+            file.write(json.dumps(header, ensure_ascii=False).encode("utf-8") + b"\n")
+        else:
+            with open(path, "rb") as head:
+                start = head.read(MOST_HEADER).find(b"\n") + 1
+            if start <= 0:
+                raise VectorsError(str(path), None, "has no first line of JSON naming its model: not a vectors file")
+            cut = (size - start) % (KEY_BYTES + dims)
+            if cut:
+                file.truncate(size - cut)
+                file.seek(size - cut)
+        file.write(b"".join(key + vector.tobytes() for key, vector in fresh.items()))
+        file.flush()
+        os.fsync(file.fileno())
     return len(fresh)
