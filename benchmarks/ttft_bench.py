@@ -20,14 +20,15 @@ summary requests serve stopped, and the summaries and extracts written during th
     python benchmarks/ttft_bench.py                 # both sessions (about 25 minutes)
     python benchmarks/ttft_bench.py --smoke         # 4 turns of the own chat, 1-3 s of thought
 
-Figures (2026-12-06, this 2-core machine, `-t 1`, think 5-20 s, reply 48; the frontend's run
-first, then serve's, on one server), three runs: time to first token through serve median
-4.99 / 4.93 / 4.10 s, p90 39.52 / 29.14 / 32.12 s; the frontend alone median 13.43 / 12.50 /
-11.74 s, p90 38.87 / 37.88 / 35.34 s; p90 ratio 1.02 / 0.77 / 0.91. Summary requests stopped by
-a turn: 24 in each. Scenes with their record at the end: none in the first run (before the
-stops rule), 10 in the second and third (ctx's extracts: no reply of SmolLM2's would do),
-with 6 and 7 requests of the pass still to send. docs/serve.md, "What the
-player sees", says what they mean. Benchmarks report figures; no test asserts a time.
+Figures (2026-12-07, this 2-core machine, `-t 1`, think 5-20 s, reply 48; the frontend's run
+first, then serve's, on one server): time to first token through serve median 2.86 s, p90
+24.80 s; the frontend alone median 12.32 s, p90 36.38 s; p90 ratio 0.68 (a run before it, with
+other work on the machine: 0.63). Summary requests stopped by a turn: 5. Scenes with their
+record at the end: 15, all ctx's extracts (no reply of SmolLM2's would do), every settled scene
+of both chats, no request left and no pass under way. The day before, a turned-down reply
+counted as one that ended, and each run ended with 6 and 7 of a pass's requests unsent.
+docs/serve.md, "What the player sees", says what they mean. Benchmarks report figures; no test
+asserts a time.
 """
 
 from __future__ import annotations
