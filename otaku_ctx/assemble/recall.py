@@ -43,7 +43,7 @@ from functools import lru_cache
 from ..story.meaning import Meaning
 from ..story.model import Message, Scene, Story
 from ..story.words import STOPWORDS, WORD
-from .meaning import WEIGHTS, by_meaning, diverse, fused, identity, led, meant, within_budgets
+from .meaning import WEIGHTS, by_meaning, diverse, fused, identity, led, meant, text_of, within_budgets
 from .parts import Assembly, Part, Pricer, SceneRef
 from .steps import Recalled
 
@@ -233,7 +233,7 @@ def rank(pool: Pool, query: Sequence[Message]) -> list[Ranked]:
     parts += [Part("recall", message=pool.story.messages[n - 1]) for n in numbers]
     ranked: list[Ranked] = []
     for part in parts:
-        text = _text(part)
+        text = text_of(part)
         found = words_of(text) & asked.keys()
         rare = sorted(found & rare_words, key=lambda w: (frequency[w], w))
         hits = sum(asked[w] for w in rare)
@@ -248,10 +248,6 @@ def rank(pool: Pool, query: Sequence[Message]) -> list[Ranked]:
         ranked.append(Ranked(part, round(score, 3), tuple(rare)))
     ranked.sort(key=lambda r: (-r.score, r.at))
     return ranked
-
-
-def _text(part: Part) -> str:
-    return part.message.content if part.message else part.scene.summary if part.scene else ""
 
 
 def fill(ranked: Sequence[Ranked], budget: int, pricer: Pricer, recall: Recall) -> list[Ranked]:
@@ -340,7 +336,9 @@ def _by_meaning(
     passes = [[m.part for m in by_meaning(found, q)] for q in ("question", "recent")]
     keyword = {identity(r.part): r for r in ranked}
     rankings = [*passes, [r.part for r in ranked]]
-    leaders = [ranking[0] for ranking in (passes[0], rankings[-1]) if ranking]
+    # the question's nearest (when there is a question) and the keyword engine's best lead
+    leaders = passes[0][:1] if meaning.question is not None else []
+    leaders += rankings[-1][:1]
     order = within_budgets(led(diverse(fused(rankings, WEIGHTS), vectors), leaders), budget, pricer)
     chosen = []
     for part, score in order:
