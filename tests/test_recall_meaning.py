@@ -104,6 +104,10 @@ def test_a_vectors_file_of_another_model_or_no_vectors_file_is_one_line(tmp_path
     append_vectors(path, "m", [(key_of("one"), quantized(vector_of("one")))])
     with pytest.raises(VectorsError, match="holds the vectors of 'm', not 'other'"):
         Vectors(path, "other")
+    size = path.stat().st_size
+    with pytest.raises(VectorsError, match="holds vectors of 64 numbers; the model now gives 3"):
+        append_vectors(path, "m", [(key_of("two"), quantized([1.0, 2.0, 3.0]))])  # the model changed its size
+    assert path.stat().st_size == size
     (tmp_path / "junk.ctx-vectors").write_bytes(b"\x00" * 100)
     with pytest.raises(VectorsError, match="not a vectors file"):
         Vectors(tmp_path / "junk.ctx-vectors", "m")

@@ -45,6 +45,28 @@ class VectorsError(StoryError):
     """A vectors file that is not one (its first line), or of another model or size."""
 
 
+def header_of(path: Path, head: bytes, model: str, dimensions: int | None) -> tuple[int, int]:
+    """(the vectors' size, where the first record begins) of a file beginning with `head`;
+    `VectorsError` unless its first line names a vectors file of `model` (and of `dimensions`
+    numbers, when given)."""
+    end = head.find(b"\n")
+    if end < 0:
+        raise VectorsError(str(path), None, "has no first line of JSON naming its model: not a vectors file")
+    try:
+        header = json.loads(head[:end])
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get("ctx-vectors") != FORMAT:
+        raise VectorsError(str(path), None, "does not begin with a ctx-vectors line: not a vectors file")
+    dims = header.get("dimensions")
+    if header.get("model") != model or not isinstance(dims, int) or dims <= 0:
+        raise VectorsError(str(path), None, f"holds the vectors of {header.get('model')!r}, not {model!r}")
+    if dimensions is not None and dims != dimensions:
+        said = f"holds vectors of {dims} numbers; the model now gives {dimensions}"
+        raise VectorsError(str(path), None, said)
+    return dims, end + 1
+
+
 class Vectors:
     """A vectors file as read now: `get(key)` the vector of a text's key, None when it has none.
     An absent file has no vectors. Use as a context manager (the map is closed at the end)."""
@@ -70,27 +92,11 @@ class Vectors:
 
     def _index(self, size: int) -> None:
         assert self._map is not None
-        end = self._map.find(b"\n", 0, MOST_HEADER)
-        if end < 0:
-            raise VectorsError(str(self.path), None, "has no first line of JSON naming its model: not a vectors file")
-        try:
-            header = json.loads(self._map[:end])
-        except ValueError:
-            header = None
-        if not isinstance(header, dict) or header.get("ctx-vectors") != FORMAT:
-            raise VectorsError(str(self.path), None, "does not begin with a ctx-vectors line: not a vectors file")
-        dims = header.get("dimensions")
-        if header.get("model") != self.model or not isinstance(dims, int) or dims <= 0:
-            said = f"holds the vectors of {header.get('model')!r}, not {self.model!r}"
-            raise VectorsError(str(self.path), None, said)
-        if self.dimensions is not None and dims != self.dimensions:
-            said = f"holds vectors of {dims} numbers; the model now gives {self.dimensions}"
-            raise VectorsError(str(self.path), None, said)
-        self.dimensions, self.start = dims, end + 1
-        whole = (size - self.start) // (KEY_BYTES + dims)  # a record cut short at the end is not read
+        self.dimensions, self.start = header_of(self.path, self._map[:MOST_HEADER], self.model, self.dimensions)
+        record = KEY_BYTES + self.dimensions
         view = self._map
-        for n in range(whole):
-            at = self.start + n * (KEY_BYTES + dims)
+        for n in range((size - self.start) // record):  # a record cut short at the end is not read
+            at = self.start + n * record
             self._at.setdefault(view[at : at + KEY_BYTES], at + KEY_BYTES)
 
     def __len__(self) -> int:
@@ -137,11 +143,11 @@ def _locked(path: Path) -> Iterator[None]:
 
 def append_vectors(path: Path, model: str, records: Iterable[tuple[bytes, Vector]]) -> int:
     """Add `records` (a text's key, its quantized vector) to the file, under its lock, the file
-    begun when there is none; a record cut short at its end (a crash) is cut off first. The
-    caller leaves out the keys the file holds (`Vectors`, read once a run): the file is not read
-    again here, so a run of many batches costs what it adds. A key two writers add at once is
-    held twice, which costs its bytes and nothing else (a reader takes the first). The records
-    written."""
+    begun when there is none; a record cut short at its end (a crash) is cut off first, and a
+    file of another model or size is refused (`VectorsError`). The caller leaves out the keys
+    the file holds (`Vectors`, read once a run), so a run of many batches costs what it adds.
+    A key two writers add at once is held twice, which costs its bytes and nothing else (a
+    reader takes the first). The records written."""
     fresh = dict(records)
     if not fresh:
         return 0
@@ -155,9 +161,7 @@ def append_vectors(path: Path, model: str, records: Iterable[tuple[bytes, Vector
             file.write(json.dumps(header, ensure_ascii=False).encode("utf-8") + b"\n")
         else:
             with open(path, "rb") as head:
-                start = head.read(MOST_HEADER).find(b"\n") + 1
-            if start <= 0:
-                raise VectorsError(str(path), None, "has no first line of JSON naming its model: not a vectors file")
+                _, start = header_of(path, head.read(MOST_HEADER), model, dims)
             cut = (size - start) % (KEY_BYTES + dims)
             if cut:
                 file.truncate(size - cut)
