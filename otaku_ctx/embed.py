@@ -173,6 +173,18 @@ def write_vectors(
     return written
 
 
+def embed_story(
+    story: Story, settings: RecallSettings, sidecar: Path | None, progress: Callable[[Written], None]
+) -> tuple[Path, int, Written]:
+    """`ctx embed`: the vectors the story's texts lack, written beside its summaries (`sidecar`,
+    else where `ctx summarize` writes them): (the vectors file, the texts, what was done)."""
+    path = vectors_path(story, settings, sidecar)
+    assert path is not None, "a story read from stdin has no file to keep vectors beside"
+    texts = texts_of(story)
+    done = write_vectors(texts, path, embedder(settings, WRITE_TIMEOUT), settings.batch, progress=progress)
+    return path, len(texts), done
+
+
 @contextmanager
 def _unlimited() -> Iterator[Cancel]:
     yield Cancel()

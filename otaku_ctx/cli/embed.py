@@ -48,7 +48,7 @@ def embed_cmd(
 ) -> None:
     """Embed STORY's messages and summaries with [recall]'s model into the vectors file beside
     its summaries (STORY.<tag>.ctx-vectors); run it again to embed only what is new or edited."""
-    from ..embed import WRITE_TIMEOUT, embedder, texts_of, vectors_path, write_vectors
+    from ..embed import embed_story
     from ..errors import UsageError
 
     given = {"url": url, "model": model}
@@ -61,19 +61,12 @@ def embed_cmd(
     sidecar = summaries_path(story, named(summaries, "--summaries", "an empty path; name a summaries file"))
     fmt = source_format.value if source_format else None
     told = read_story(story, fmt, (), conversation, story_bound(max_story_size), str(sidecar) if sidecar else "none")
-    path = vectors_path(told, settings.recall, sidecar)
-    assert path is not None
-    texts = texts_of(told)
-    backend = embedder(settings.recall, WRITE_TIMEOUT)
     with progress(terminal()) as phase:
-        phase(f"embedding {len(texts):,} texts of {told.path}")
-        done = write_vectors(
-            texts, path, backend, settings.recall.batch, progress=lambda w: phase(f"embedded {w.embedded:,}")
-        )
-    facts = {"vectors": str(path), "texts": len(texts), "had": done.had, "embedded": done.embedded}
-    facts |= {"requests": done.requests, "seconds": done.seconds}
+        phase(f"embedding the texts of {told.path}")
+        path, texts, done = embed_story(told, settings.recall, sidecar, lambda w: phase(f"embedded {w.embedded:,}"))
+    facts = {"vectors": str(path), "texts": texts, "had": done.had, "embedded": done.embedded}
     if as_json:
-        write_stdout(json.dumps(facts, ensure_ascii=False) + "\n")
+        write_stdout(json.dumps(facts | {"requests": done.requests, "seconds": done.seconds}) + "\n")
         return
     write_stdout(
         f"{done.embedded:,} texts embedded in {done.requests:,} requests ({done.seconds:g} s); "
