@@ -17,6 +17,7 @@ from .config import RecallSettings
 from .errors import OtakuError
 from .story.meaning import Meaning, Vector, key_of, quantized
 from .story.model import Story
+from .story.speakers import Speakers
 from .story.vectors import Vectors, VectorsError, append_vectors, vectors_for
 
 #: the characters of a text that are embedded (a small embedding model reads 512 tokens; the
@@ -54,11 +55,12 @@ def texts_of(story: Story) -> list[str]:
 
 def queries_of(story: Story) -> tuple[str, str]:
     """The two queries of the story's newest turn: the newest user message, and the recent
-    window (the newest `RECENT` messages, one a line, who spoke first)."""
+    window (the newest `RECENT` messages, one a line, who spoke first, named as ctx names a
+    story's speakers wherever it writes its lines: `story.speakers`)."""
     question = next((m.content for m in reversed(story.messages) if m.role == "user" and m.card is None), "")
-    recent = "\n".join(
-        f"{m.name or m.role}: {m.content}" for m in story.messages[-RECENT:] if m.card is None and m.content.strip()
-    )
+    speakers = Speakers.of(story)
+    lines = (speakers.said(m) for m in story.messages[-RECENT:] if m.card is None and m.content.strip())
+    recent = "\n".join(f"{who}: {text}" for who, text in lines)
     return question.strip(), recent[-MOST_CHARS:]
 
 

@@ -68,7 +68,8 @@ def text_of(part: Part) -> str:
     return part.message.content if part.message else part.scene.summary if part.scene else ""
 
 
-def _at(part: Part) -> int:
+def position(part: Part) -> int:
+    """Where a candidate stands in the story: the message's number, the scene's first message."""
     return part.message.number if part.message else part.scene.start if part.scene else 0
 
 
@@ -96,7 +97,7 @@ def meant(scenes: Sequence[Scene], messages: Sequence[Message], meaning: Meaning
     else:  # the messages of the nearest scenes first, then the newest
         first = messages[0].number
         order: list[Message] = []
-        nearest = sorted(found, key=lambda m: (-max(m.question, m.recent), _at(m.part)))[:NEAREST_SCENES]
+        nearest = sorted(found, key=lambda m: (-max(m.question, m.recent), position(m.part)))[:NEAREST_SCENES]
         for scene in nearest:
             assert scene.part.scene is not None
             start, end = max(first, scene.part.scene.start), min(messages[-1].number, scene.part.scene.end)
@@ -111,7 +112,7 @@ def meant(scenes: Sequence[Scene], messages: Sequence[Message], meaning: Meaning
 def by_meaning(candidates: Sequence[Meant], query: str) -> list[Meant]:
     """One pass: the candidates by their similarity to `query` ("question" or "recent"), best
     first (ties: the earlier in the story)."""
-    return sorted(candidates, key=lambda m: (-getattr(m, query), _at(m.part)))
+    return sorted(candidates, key=lambda m: (-getattr(m, query), position(m.part)))
 
 
 def fused(
@@ -126,7 +127,7 @@ def fused(
             key = identity(part)
             scores[key] = scores.get(key, 0.0) + weight / (k + rank)
             parts[key] = part
-    return sorted(((parts[key], score) for key, score in scores.items()), key=lambda p: (-p[1], _at(p[0])))
+    return sorted(((parts[key], score) for key, score in scores.items()), key=lambda p: (-p[1], position(p[0])))
 
 
 def led(ranked: Sequence[tuple[Part, float]], leaders: Sequence[Part]) -> list[tuple[Part, float]]:

@@ -43,7 +43,7 @@ from functools import lru_cache
 from ..story.meaning import Meaning
 from ..story.model import Message, Scene, Story
 from ..story.words import STOPWORDS, WORD
-from .meaning import WEIGHTS, by_meaning, diverse, fused, identity, led, meant, text_of, within_budgets
+from .meaning import WEIGHTS, by_meaning, diverse, fused, identity, led, meant, position, text_of, within_budgets
 from .parts import Assembly, Part, Pricer, SceneRef
 from .steps import Recalled
 
@@ -88,7 +88,7 @@ class Ranked:
     @property
     def at(self) -> int:
         """Where it stands in the story: the message's number, the scene's first message."""
-        return self.part.message.number if self.part.message else self.part.scene.start if self.part.scene else 0
+        return position(self.part)
 
 
 @lru_cache(maxsize=1 << 16)

@@ -87,7 +87,7 @@ def refusal(session: Session | None, assembled: Assembled) -> DoesNotFit:
 def record(session: Session | None, assembled: Assembled, usage: Usage, seconds: float, cancelled: bool) -> None:
     """A turn's end: kept in its chat's stats, and its one log line."""
     a = assembled.built.assembly
-    step = next((s for s in reversed(a.steps) if isinstance(s, Recalled)), None)
+    step = recall_step(a)
     engine, why = (step.engine, step.why) if step is not None else ("", "")
     turn = Turn(assembled.held, a.case, a.tokens, a.limit, usage.prompt_tokens, usage.cached, round(seconds, 4),
                 cancelled, recalled_of(a), assembled.sent, engine, why)  # fmt: skip
@@ -106,10 +106,15 @@ def record(session: Session | None, assembled: Assembled, usage: Usage, seconds:
     )  # fmt: skip
 
 
+def recall_step(a: Assembly) -> Recalled | None:
+    """The turn's recall, as its last `Recalled` step says it (None: nothing was recalled)."""
+    return next((s for s in reversed(a.steps) if isinstance(s, Recalled)), None)
+
+
 def recalled_of(a: Assembly) -> tuple[str, ...]:
     """What the turn's newest messages recalled, by number ("message 38", "scene 9"), best first
     (`inspect --explain` says why each was: `report.py`)."""
-    step = next((s for s in reversed(a.steps) if isinstance(s, Recalled)), None)
+    step = recall_step(a)
     if step is None:
         return ()
     return tuple(f"{kind} {ref:,}" if isinstance(ref, int) else f"{kind} {ref}" for kind, ref, *_ in step.taken)
